@@ -1,0 +1,93 @@
+// Device helpers shared by the CUDA kernels: element conversions, 16-byte loads and stores, warp sums,
+// the device-side check of indices, and the compile-time switch over the state size.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "dtype.h"
+
+namespace replayssm {
+
+template <DType D> struct CudaType;
+template <> struct CudaType<DType::kFloat32> { using type = float; };
+template <> struct CudaType<DType::kBFloat16> { using type = __nv_bfloat16; };
+template <> struct CudaType<DType::kFloat16> { using type = __half; };
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// 16 bytes of T, converted to float. Streaming hint (.cs): the state is read once per step, so it
+// should not push the small, reused data (rings, inputs) out of L2.
+template <typename T, int kVec = 16 / sizeof(T)>
+__device__ __forceinline__ void load16_stream(const T* ptr, float (&out)[kVec]) {
+  const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(ptr));
+  const T* elems = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) out[e] = to_float(elems[e]);
+}
+
+template <typename T, int kVec = 16 / sizeof(T)>
+__device__ __forceinline__ void store16_stream(T* ptr, const float (&in)[kVec]) {
+  uint4 raw;
+  T* elems = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) elems[e] = from_float<T>(in[e]);
+  __stcs(reinterpret_cast<uint4*>(ptr), raw);
+}
+
+// Sum over aligned groups of kWidth lanes (kWidth a power of two <= 32); every lane gets its group's sum.
+template <int kWidth>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// An index that validation on the host cannot see (it lives on the device) is out of range: report it
+// and stop the kernel, the way PyTorch's device-side asserts do. Nothing out of bounds is touched.
+#define RSSM_DEVICE_CHECK(cond, fmt, ...)                                     \
+  do {                                                                        \
+    if (!(cond)) {                                                            \
+      printf("replayssm device check failed: " fmt "\n", __VA_ARGS__);        \
+      __trap();                                                               \
+    }                                                                         \
+  } while (0)
+
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string("replayssm: ") + what + ": " + cudaGetErrorString(err));
+}
+
+inline int num_sms() {
+  int device = 0, count = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return count;
+}
+
+// Runs BODY with the compile-time constant NAME bound to the state size VALUE (the sizes the CUDA
+// kernels are built for; the torch layer rejects others with a clear error before launching).
+#define RSSM_SWITCH_DSTATE(VALUE, NAME, ...)                                             \
+  [&] {                                                                                  \
+    switch (VALUE) {                                                                     \
+      case 16: { constexpr int NAME = 16; return __VA_ARGS__(); }                        \
+      case 32: { constexpr int NAME = 32; return __VA_ARGS__(); }                        \
+      case 64: { constexpr int NAME = 64; return __VA_ARGS__(); }                        \
+      case 128: { constexpr int NAME = 128; return __VA_ARGS__(); }                      \
+      case 256: { constexpr int NAME = 256; return __VA_ARGS__(); }                      \
+    }                                                                                    \
+    throw std::invalid_argument("replayssm: CUDA kernels support dstate 16, 32, 64, 128, 256"); \
+  }()
+
+}  // namespace replayssm

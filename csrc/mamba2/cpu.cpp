@@ -1,0 +1,178 @@
+// CPU implementations of the Mamba-2 decode ops: plain loops, parallel over batch rows, in fp32 with the
+// same index and decay math (common/math.h) as the CUDA kernels. Simple on purpose; they must be right.
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <vector>
+
+#include "../common/math.h"
+#include "cpu.h"
+
+namespace replayssm {
+namespace {
+
+template <DType D> struct CpuType;
+template <> struct CpuType<DType::kFloat32> { using type = float; };
+template <> struct CpuType<DType::kBFloat16> { using type = c10::BFloat16; };
+template <> struct CpuType<DType::kFloat16> { using type = c10::Half; };
+
+template <typename T> float ld(const void* base, int64_t i) { return static_cast<float>(static_cast<const T*>(base)[i]); }
+template <typename T> void st(void* base, int64_t i, float v) { static_cast<T*>(base)[i] = T(v); }
+
+float head_dt(const Mamba2TokenParams& p, int b, int h, float raw) {
+  return process_dt(raw, p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
+}
+
+template <typename act_t>
+void write_output(const Mamba2TokenParams& p, int b, int h, int i, float y, float x) {
+  if (p.D) y += p.D[h] * x;
+  if (p.z) y *= silu(ld<act_t>(p.z, b * p.z_batch_stride + h * p.z_head_stride + i));
+  st<act_t>(p.out, b * p.out_batch_stride + h * p.out_head_stride + i, y);
+}
+
+template <typename state_t, typename act_t>
+void step_cpu(const Mamba2StepParams& p) {
+  const int heads_per_group = p.nheads / p.ngroups;
+  at::parallel_for(0, p.batch, 1, [&](int64_t b0, int64_t b1) {
+    for (int b = static_cast<int>(b0); b < b1; ++b) {
+      const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+      if (slot == kPadSlot) continue;
+      for (int h = 0; h < p.nheads; ++h) {
+        const int g = h / heads_per_group;
+        const float dt = head_dt(p, b, h, ld<act_t>(p.dt, b * p.dt_batch_stride + h * p.dt_head_stride));
+        const float decay = expf(dt * p.A[h]);
+        const int64_t Bo = b * p.B_batch_stride + g * p.B_group_stride;
+        const int64_t Co = b * p.C_batch_stride + g * p.C_group_stride;
+        for (int i = 0; i < p.headdim; ++i) {
+          const float x = ld<act_t>(p.x, b * p.x_batch_stride + h * p.x_head_stride + i);
+          const int64_t row = slot * p.state_slot_stride + h * p.state_head_stride + i * p.state_row_stride;
+          float y = 0.f;
+          for (int n = 0; n < p.dstate; ++n) {
+            const float s = decay * ld<state_t>(p.state, row + n) + dt * x * ld<act_t>(p.B, Bo + n);
+            st<state_t>(p.state, row + n, s);
+            y += s * ld<act_t>(p.C, Co + n);
+          }
+          write_output<act_t>(p, b, h, i, y, x);
+        }
+      }
+    }
+  });
+}
+
+template <typename ckpt_t, typename act_t>
+void replay_step_cpu(const Mamba2ReplayStepParams& p) {
+  const Mamba2ReplayCacheParams& c = p.cache;
+  const int heads_per_group = p.nheads / p.ngroups;
+  at::parallel_for(0, p.batch, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> bc(c.ring_len), weight(c.ring_len), x_j(c.ring_len);
+    for (int b = static_cast<int>(b0); b < b1; ++b) {
+      const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+      if (slot == kPadSlot) continue;
+      const int w = c.cursor[slot];  // tokens in the ring; this token is number w (0-based)
+      const bool fold = is_fold_step(w, c.ring_len);
+      auto ring_B_at = [&](int j, int g, int n) {
+        return j < w ? ld<act_t>(c.ring_B, slot * c.ring_B_slot_stride + j * c.ring_B_pos_stride + g * c.ring_B_group_stride + n)
+                     : ld<act_t>(p.B, b * p.B_batch_stride + g * p.B_group_stride + n);
+      };
+      for (int g = 0; g < p.ngroups; ++g) {
+        // (B_j . C_t) once per group, shared by its heads.
+        for (int j = 0; j <= w; ++j) {
+          float acc = 0.f;
+          for (int n = 0; n < p.dstate; ++n) acc += ring_B_at(j, g, n) * ld<act_t>(p.C, b * p.C_batch_stride + g * p.C_group_stride + n);
+          bc[j] = acc;
+        }
+        for (int h = g * heads_per_group; h < (g + 1) * heads_per_group; ++h) {
+          const float dt_t = head_dt(p, b, h, ld<act_t>(p.dt, b * p.dt_batch_stride + h * p.dt_head_stride));
+          auto dt_at = [&](int j) { return j < w ? c.ring_dt[slot * c.ring_dt_slot_stride + j * c.ring_dt_pos_stride + h] : dt_t; };
+          const float ckpt_decay = replay_decays(dt_at, w, p.A[h], weight.data());
+          for (int i = 0; i < p.headdim; ++i) {
+            const float x_t = ld<act_t>(p.x, b * p.x_batch_stride + h * p.x_head_stride + i);
+            for (int j = 0; j < w; ++j)
+              x_j[j] = ld<act_t>(c.ring_x, slot * c.ring_x_slot_stride + j * c.ring_x_pos_stride + h * c.ring_x_head_stride + i);
+            x_j[w] = x_t;
+            const int64_t row = slot * c.ckpt_slot_stride + h * c.ckpt_head_stride + i * c.ckpt_row_stride;
+            float sc = 0.f;
+            for (int n = 0; n < p.dstate; ++n) sc += ld<ckpt_t>(c.checkpoint, row + n) * ld<act_t>(p.C, b * p.C_batch_stride + g * p.C_group_stride + n);
+            float y = ckpt_decay * sc;
+            for (int j = 0; j <= w; ++j) y += weight[j] * dt_at(j) * bc[j] * x_j[j];
+            if (fold) {  // checkpoint <- state after this token (the only write of the checkpoint)
+              for (int n = 0; n < p.dstate; ++n) {
+                float s = ckpt_decay * ld<ckpt_t>(c.checkpoint, row + n);
+                for (int j = 0; j <= w; ++j) s += weight[j] * dt_at(j) * x_j[j] * ring_B_at(j, g, n);
+                st<ckpt_t>(c.checkpoint, row + n, s);
+              }
+            } else {
+              st<act_t>(c.ring_x, slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride + h * c.ring_x_head_stride + i, x_t);
+            }
+            write_output<act_t>(p, b, h, i, y, x_t);
+          }
+          if (!fold) c.ring_dt[slot * c.ring_dt_slot_stride + w * c.ring_dt_pos_stride + h] = dt_t;
+        }
+        if (!fold)
+          for (int n = 0; n < p.dstate; ++n)
+            st<act_t>(c.ring_B, slot * c.ring_B_slot_stride + w * c.ring_B_pos_stride + g * c.ring_B_group_stride + n, ring_B_at(w, g, n));
+      }
+      c.cursor[slot] = next_cursor(w, c.ring_len);
+    }
+  });
+}
+
+template <typename ckpt_t, typename act_t>
+void replay_state_cpu(const Mamba2ReplayStateParams& p) {
+  const Mamba2ReplayCacheParams& c = p.cache;
+  const int heads_per_group = p.nheads / p.ngroups;
+  at::parallel_for(0, p.batch, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> weight(c.ring_len);
+    for (int b = static_cast<int>(b0); b < b1; ++b) {
+      const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+      if (slot == kPadSlot) continue;
+      const int w = c.cursor[slot];
+      for (int h = 0; h < p.nheads; ++h) {
+        const int g = h / heads_per_group;
+        auto dt_at = [&](int j) { return c.ring_dt[slot * c.ring_dt_slot_stride + j * c.ring_dt_pos_stride + h]; };
+        const float ckpt_decay = replay_decays(dt_at, w - 1, p.A[h], weight.data());
+        for (int i = 0; i < p.headdim; ++i) {
+          const int64_t row = slot * c.ckpt_slot_stride + h * c.ckpt_head_stride + i * c.ckpt_row_stride;
+          float* out = p.out + ((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + i) * p.dstate;
+          for (int n = 0; n < p.dstate; ++n) {
+            float s = ckpt_decay * ld<ckpt_t>(c.checkpoint, row + n);
+            for (int j = 0; j < w; ++j)
+              s += weight[j] * dt_at(j) *
+                   ld<act_t>(c.ring_x, slot * c.ring_x_slot_stride + j * c.ring_x_pos_stride + h * c.ring_x_head_stride + i) *
+                   ld<act_t>(c.ring_B, slot * c.ring_B_slot_stride + j * c.ring_B_pos_stride + g * c.ring_B_group_stride + n);
+            out[n] = s;
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void mamba2_step_cpu(const Mamba2StepParams& p) {
+  RSSM_SWITCH_DTYPE(p.state_dtype, kState, [&] {
+    RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
+      step_cpu<typename CpuType<kState>::type, typename CpuType<kAct>::type>(p);
+    });
+  });
+}
+
+void mamba2_replay_step_cpu(const Mamba2ReplayStepParams& p) {
+  RSSM_SWITCH_DTYPE(p.cache.ckpt_dtype, kCkpt, [&] {
+    RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
+      replay_step_cpu<typename CpuType<kCkpt>::type, typename CpuType<kAct>::type>(p);
+    });
+  });
+}
+
+void mamba2_replay_state_cpu(const Mamba2ReplayStateParams& p) {
+  RSSM_SWITCH_DTYPE(p.cache.ckpt_dtype, kCkpt, [&] {
+    RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
+      replay_state_cpu<typename CpuType<kCkpt>::type, typename CpuType<kAct>::type>(p);
+    });
+  });
+}
+
+}  // namespace replayssm

@@ -1,0 +1,402 @@
+// CUDA kernels of the Mamba-2 decode ops (torch-free: params in, stream in). One template per kernel,
+// instantiated per storage dtype in the small step_*.cu / replay_*.cu files so that builds parallelise.
+//
+// Both step kernels stream state rows (one row = dstate values of one (head, p)) with the same layout:
+// each lane owns kColsPerLane columns of a row as 16-byte vectors, kLanesPerRow lanes share a row, and
+// each thread keeps kUnroll rows' loads in flight before it uses any of them, so that a full SM has
+// ~64-128 KiB of reads outstanding: the state is read at the HBM rate, not at the latency rate.
+#pragma once
+
+#include <algorithm>
+
+#include "../common/cuda_utils.cuh"
+#include "../common/math.h"
+#include "params.h"
+
+namespace replayssm {
+
+template <typename state_t, int kN, int kThreads, int kUnroll>
+struct RowLayout {
+  static constexpr int kVec = 16 / sizeof(state_t);  // elements per 16-byte access
+  static_assert(kN % kVec == 0, "dstate must be a multiple of the 16-byte vector");
+  static constexpr int kVecsPerRow = kN / kVec;
+  static constexpr int kLanesPerRow = kVecsPerRow < 32 ? kVecsPerRow : 32;
+  static constexpr int kVecsPerLane = kVecsPerRow / kLanesPerRow;
+  static constexpr int kColsPerLane = kVecsPerLane * kVec;
+  static constexpr int kRowsPerWarp = 32 / kLanesPerRow;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kRowsPerIter = kWarps * kRowsPerWarp * kUnroll;
+
+  // Column of element e of this lane's v-th vector: vectors of a row are interleaved across its lanes,
+  // so one load instruction of a warp reads whole contiguous rows.
+  __device__ static int col(int lane_in_row, int v, int e) { return (v * kLanesPerRow + lane_in_row) * kVec + e; }
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Standard step: S <- exp(dt A) S + dt x (x) B ; y = S C + D x (* silu z). Reads and writes |S| per step.
+// Grid (row chunks of P, H, batch); a block streams rows_per_block rows of one head.
+template <typename state_t, typename act_t, int kN, int kThreads, int kUnroll>
+__global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepParams p, const int rows_per_block) {
+  using Layout = RowLayout<state_t, kN, kThreads, kUnroll>;
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+  if (slot == kPadSlot) return;
+  RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
+
+  const int g = h / (p.nheads / p.ngroups);
+  const act_t* x = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + h * p.x_head_stride;
+  const float dt = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
+                              p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
+  const float decay = expf(dt * p.A[h]);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane_in_row = lane % Layout::kLanesPerRow, row_in_warp = lane / Layout::kLanesPerRow;
+  float Bv[Layout::kColsPerLane], Cv[Layout::kColsPerLane];
+  {
+    const act_t* Bp = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
+    const act_t* Cp = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
+#pragma unroll
+    for (int v = 0; v < Layout::kVecsPerLane; ++v)
+#pragma unroll
+      for (int e = 0; e < Layout::kVec; ++e) {
+        Bv[v * Layout::kVec + e] = to_float(Bp[Layout::col(lane_in_row, v, e)]) * dt;  // dt folded into B
+        Cv[v * Layout::kVec + e] = to_float(Cp[Layout::col(lane_in_row, v, e)]);
+      }
+  }
+
+  state_t* S = static_cast<state_t*>(p.state) + slot * p.state_slot_stride + h * p.state_head_stride;
+  const int row_begin = blockIdx.x * rows_per_block;
+  const int row_end = min(p.headdim, row_begin + rows_per_block);
+  for (int base = row_begin; base < row_end; base += Layout::kRowsPerIter) {
+    float s[kUnroll][Layout::kColsPerLane];
+    float xv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp;
+      if (r < row_end) {
+#pragma unroll
+        for (int v = 0; v < Layout::kVecsPerLane; ++v)
+          load16_stream(S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0),
+                        *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+        xv[u] = to_float(x[r]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp;
+      float y = 0.f;
+      if (r < row_end) {
+#pragma unroll
+        for (int c = 0; c < Layout::kColsPerLane; ++c) {
+          s[u][c] = fmaf(decay, s[u][c], xv[u] * Bv[c]);
+          y = fmaf(s[u][c], Cv[c], y);
+        }
+#pragma unroll
+        for (int v = 0; v < Layout::kVecsPerLane; ++v)
+          store16_stream(S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0),
+                         *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+      }
+      y = group_sum<Layout::kLanesPerRow>(y);
+      if (r < row_end && lane_in_row == 0) {
+        if (p.D) y = fmaf(p.D[h], xv[u], y);
+        if (p.z) y *= silu(to_float(static_cast<const act_t*>(p.z)[b * p.z_batch_stride + h * p.z_head_stride + r]));
+        static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + r] = from_float<act_t>(y);
+      }
+    }
+  }
+}
+
+template <typename state_t, typename act_t, int kN>
+void launch_mamba2_step(const Mamba2StepParams& p, cudaStream_t stream) {
+  constexpr int kThreads = 128, kUnroll = 4;
+  using Layout = RowLayout<state_t, kN, kThreads, kUnroll>;
+  // Split a head's rows over blocks only as far as needed to keep every SM busy with several blocks.
+  const int64_t heads_total = int64_t(p.batch) * p.nheads;
+  const int max_chunks = (p.headdim + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
+  int chunks = static_cast<int>((int64_t(num_sms()) * 8 + heads_total - 1) / heads_total);
+  chunks = max(1, min(chunks, max_chunks));
+  int rows_per_block = (p.headdim + chunks - 1) / chunks;
+  rows_per_block = (rows_per_block + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter;
+  chunks = (p.headdim + rows_per_block - 1) / rows_per_block;
+  const dim3 grid(chunks, p.nheads, p.batch);
+  mamba2_step_kernel<state_t, act_t, kN, kThreads, kUnroll><<<grid, kThreads, 0, stream>>>(p, rows_per_block);
+  check_cuda(cudaGetLastError(), "mamba2_step kernel launch");
+}
+
+template <DType kState>
+void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) {
+  using state_t = typename CudaType<kState>::type;
+  RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
+    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] { launch_mamba2_step<state_t, typename CudaType<kAct>::type, kN>(p, stream); });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Replay step (MATH.md, "Replay (output-only) form"). With w = cursor tokens in the ring and this token
+// at ring position w:
+//   y_t = exp(c_t) (S_c C_t) + sum_{j<=w} exp(c_t - c_j) dt_j (B_j . C_t) x_j + D x_t
+// Reads S_c (|S|) once; writes it only when the ring is full (fold: S_c <- S_t, cursor <- 0). Otherwise
+// the token is appended to the ring (x, B, dt) and the cursor advances.
+// Grid (row chunks of a group, G, batch), where a group's rows are its heads' (head, p) rows, so that
+// (B_j . C_t) is computed once per block for all the heads the block covers, not once per head.
+// Phases: A) per-block scalars into shared memory (C_t, B.C per ring token, per-head decays);
+//         B) stream S_c rows: S_c C_t per row (and at a fold the new checkpoint row);
+//         C) one thread per row: the ring sum, the gate, the output, the ring append.
+// The cursor is advanced by the last block of a row to arrive (a per-slot counter), after every block of
+// that row has read it: one launch, no host sync, graph-capturable.
+struct ReplaySmem {
+  int C, bc, Bs, dts, wdt, decay, sc, total;  // offsets in floats
+  __host__ __device__ ReplaySmem(int dstate, int ring_len, int max_heads, int rows) {
+    C = 0;
+    bc = C + dstate;
+    Bs = bc + ring_len;
+    dts = Bs + ring_len * dstate;
+    wdt = dts + max_heads * ring_len;
+    decay = wdt + max_heads * ring_len;
+    sc = decay + max_heads;
+    total = sc + rows;
+  }
+};
+
+template <typename ckpt_t, typename act_t, int kN, int kThreads, int kUnroll>
+__global__ void __launch_bounds__(kThreads)
+    mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads) {
+  using Layout = RowLayout<ckpt_t, kN, kThreads, kUnroll>;
+  const Mamba2ReplayCacheParams& c = p.cache;
+  const int b = blockIdx.z, g = blockIdx.y;
+  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+  if (slot == kPadSlot) return;
+  RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
+
+  extern __shared__ float smem[];
+  const ReplaySmem off(kN, c.ring_len, max_heads, rows_per_block);
+  float* C_s = smem + off.C;
+  float* bc = smem + off.bc;      // [j] = B_j . C_t, j = 0..w
+  float* Bs = smem + off.Bs;      // [j][n] = B_j (fold only)
+  float* dts = smem + off.dts;    // [head][j] = dt_j
+  float* wdt = smem + off.wdt;    // [head][j] = exp(c_t - c_j) dt_j
+  float* decay = smem + off.decay;  // [head] = exp(c_t)
+  float* sc = smem + off.sc;      // [row] = S_c C_t
+  __shared__ int w_shared;
+
+  if (threadIdx.x == 0) {
+    const int w = c.cursor[slot];
+    RSSM_DEVICE_CHECK(w >= 0 && w < c.ring_len, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+    w_shared = w;
+    __threadfence();  // this block's read of the cursor happens before its arrival is counted
+    const int blocks_per_row = gridDim.x * gridDim.y;
+    if (atomicAdd(&c.arrivals[slot], 1) == blocks_per_row - 1) {
+      c.arrivals[slot] = 0;
+      c.cursor[slot] = next_cursor(w, c.ring_len);
+    }
+  }
+  __syncthreads();
+  const int w = w_shared;
+  const bool fold = is_fold_step(w, c.ring_len);
+
+  const int heads_per_group = p.nheads / p.ngroups;
+  const int row_begin = blockIdx.x * rows_per_block;
+  const int row_end = min(heads_per_group * p.headdim, row_begin + rows_per_block);
+  const int head_begin = row_begin / p.headdim;           // local head index within the group
+  const int nheads_block = (row_end - 1) / p.headdim - head_begin + 1;
+  const int h0 = g * heads_per_group + head_begin;        // first global head of the block
+  const int L = c.ring_len;
+
+  // ---- Phase A: block scalars.
+  const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
+  const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
+  const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
+  for (int n = threadIdx.x; n < kN; n += kThreads) C_s[n] = to_float(Ct[n]);
+  if (fold)
+    for (int idx = threadIdx.x; idx < (w + 1) * kN; idx += kThreads) {
+      const int j = idx / kN, n = idx % kN;
+      Bs[idx] = to_float(j < w ? ring_B[j * c.ring_B_pos_stride + n] : Bt[n]);
+    }
+  for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
+    const int hl = idx / (w + 1), j = idx % (w + 1), h = h0 + hl;
+    dts[hl * L + j] = j < w ? c.ring_dt[slot * c.ring_dt_slot_stride + j * c.ring_dt_pos_stride + h]
+                            : process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
+                                         p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
+  }
+  __syncthreads();
+  {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int j = warp; j <= w; j += Layout::kWarps) {
+      const act_t* Bj = j < w ? ring_B + j * c.ring_B_pos_stride : Bt;
+      float acc = 0.f;
+      for (int n = lane; n < kN; n += 32) acc = fmaf(to_float(Bj[n]), C_s[n], acc);
+      acc = group_sum<32>(acc);
+      if (lane == 0) bc[j] = acc;
+    }
+  }
+  if (threadIdx.x < nheads_block) {
+    const int hl = threadIdx.x;
+    const float* dt_row = dts + hl * L;
+    float* w_row = wdt + hl * L;
+    decay[hl] = replay_decays([&](int j) { return dt_row[j]; }, w, p.A[h0 + hl], w_row);
+    for (int j = 0; j <= w; ++j) w_row[j] *= dt_row[j];
+  }
+  __syncthreads();
+
+  // ---- Phase B: stream the checkpoint rows of this block.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane_in_row = lane % Layout::kLanesPerRow, row_in_warp = lane / Layout::kLanesPerRow;
+  float Cv[Layout::kColsPerLane];
+#pragma unroll
+  for (int v = 0; v < Layout::kVecsPerLane; ++v)
+#pragma unroll
+    for (int e = 0; e < Layout::kVec; ++e) Cv[v * Layout::kVec + e] = C_s[Layout::col(lane_in_row, v, e)];
+
+  ckpt_t* ckpt_group = static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(g) * heads_per_group * c.ckpt_head_stride;
+  const act_t* ring_x = static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride;
+  const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride;
+  for (int base = row_begin; base < row_end; base += Layout::kRowsPerIter) {
+    float s[kUnroll][Layout::kColsPerLane];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp;
+      if (r < row_end) {
+        const ckpt_t* row = ckpt_group + (r / p.headdim) * c.ckpt_head_stride + (r % p.headdim) * c.ckpt_row_stride;
+#pragma unroll
+        for (int v = 0; v < Layout::kVecsPerLane; ++v)
+          load16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp;
+      float y = 0.f;
+#pragma unroll
+      for (int col = 0; col < Layout::kColsPerLane; ++col) y = fmaf(s[u][col], Cv[col], y);
+      y = group_sum<Layout::kLanesPerRow>(y);
+      if (r < row_end && lane_in_row == 0) sc[r - row_begin] = y;
+      if (fold && r < row_end) {
+        // New checkpoint row: exp(c_t) S_c + sum_j exp(c_t - c_j) dt_j x_j[p] B_j.
+        const int hl = r / p.headdim - head_begin, i = r % p.headdim, h = h0 + hl;
+        const float dcy = decay[hl];
+#pragma unroll
+        for (int col = 0; col < Layout::kColsPerLane; ++col) s[u][col] *= dcy;
+        for (int j = 0; j <= w; ++j) {
+          const float xj = to_float(j < w ? ring_x[j * c.ring_x_pos_stride + h * c.ring_x_head_stride + i]
+                                          : x_t[h * p.x_head_stride + i]);
+          const float coef = wdt[hl * L + j] * xj;
+          const float* Bj = Bs + j * kN;
+#pragma unroll
+          for (int v = 0; v < Layout::kVecsPerLane; ++v)
+#pragma unroll
+            for (int e = 0; e < Layout::kVec; ++e)
+              s[u][v * Layout::kVec + e] = fmaf(coef, Bj[Layout::col(lane_in_row, v, e)], s[u][v * Layout::kVec + e]);
+        }
+        ckpt_t* row = ckpt_group + (r / p.headdim) * c.ckpt_head_stride + i * c.ckpt_row_stride;
+#pragma unroll
+        for (int v = 0; v < Layout::kVecsPerLane; ++v)
+          store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- Phase C: outputs and the ring append, one thread per row.
+  act_t* ring_x_w = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride;
+  for (int r = row_begin + threadIdx.x; r < row_end; r += kThreads) {
+    const int hl = r / p.headdim - head_begin, i = r % p.headdim, h = h0 + hl;
+    const float* w_row = wdt + hl * L;
+    const act_t x_raw = x_t[h * p.x_head_stride + i];
+    const float x = to_float(x_raw);
+    float y = fmaf(decay[hl], sc[r - row_begin], w_row[w] * bc[w] * x);
+    for (int j = 0; j < w; ++j) y = fmaf(w_row[j] * bc[j], to_float(ring_x[j * c.ring_x_pos_stride + h * c.ring_x_head_stride + i]), y);
+    if (p.D) y = fmaf(p.D[h], x, y);
+    if (p.z) y *= silu(to_float(static_cast<const act_t*>(p.z)[b * p.z_batch_stride + h * p.z_head_stride + i]));
+    static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + i] = from_float<act_t>(y);
+    if (!fold) {
+      ring_x_w[h * c.ring_x_head_stride + i] = x_raw;
+      if (i == 0) c.ring_dt[slot * c.ring_dt_slot_stride + w * c.ring_dt_pos_stride + h] = dts[hl * L + w];
+    }
+  }
+  if (!fold && blockIdx.x == 0) {
+    act_t* ring_B_w = static_cast<act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + w * c.ring_B_pos_stride + g * c.ring_B_group_stride;
+    for (int n = threadIdx.x; n < kN; n += kThreads) ring_B_w[n] = Bt[n];
+  }
+}
+
+template <typename ckpt_t, typename act_t, int kN>
+void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
+  constexpr int kThreads = 256, kUnroll = 4;
+  using Layout = RowLayout<ckpt_t, kN, kThreads, kUnroll>;
+  // Rows of a group per block: whole groups (B.C once per group) unless that leaves SMs idle; then
+  // smaller chunks, down to one iteration of the row loop.
+  const int group_rows = (p.nheads / p.ngroups) * p.headdim;
+  const int64_t groups_total = int64_t(p.batch) * p.ngroups;
+  const int64_t target_blocks = int64_t(num_sms()) * 4;
+  int64_t rows = (groups_total * group_rows + target_blocks - 1) / target_blocks;
+  rows = (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter;
+  // Capped so that shared memory stays small and one thread per head can set up the decays.
+  const int64_t cap = std::min<int64_t>({group_rows, 2048, int64_t(kThreads - 1) * p.headdim});
+  const int rows_per_block = static_cast<int>(std::min<int64_t>(rows, cap));
+  const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
+  const int max_heads = std::min((rows_per_block + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups);
+  const ReplaySmem off(kN, p.cache.ring_len, max_heads, rows_per_block);
+  const size_t smem_bytes = size_t(off.total) * sizeof(float);
+  auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kUnroll>;
+  if (smem_bytes > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
+               "mamba2_replay_step shared memory");
+  const dim3 grid(chunks, p.ngroups, p.batch);
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, rows_per_block, max_heads);
+  check_cuda(cudaGetLastError(), "mamba2_replay_step kernel launch");
+}
+
+template <DType kCkpt>
+void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
+  using ckpt_t = typename CudaType<kCkpt>::type;
+  RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
+    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] { launch_mamba2_replay_step<ckpt_t, typename CudaType<kAct>::type, kN>(p, stream); });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// State at the cursor: exp(c_w) S_c + sum_{j<w} exp(c_w - c_j) dt_j x_j (x) B_j, written to out (fp32).
+// Not a hot path (reading a slot back, tests, handing a sequence over): one block per (head, row).
+template <typename ckpt_t, typename act_t>
+__global__ void mamba2_replay_state_kernel(const Mamba2ReplayStateParams p) {
+  const Mamba2ReplayCacheParams& c = p.cache;
+  const int b = blockIdx.y, h = blockIdx.x;
+  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+  if (slot == kPadSlot) return;
+  RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_state: slot_ids[%d] = %lld is out of range", b, (long long)slot);
+  extern __shared__ float wdt[];  // [j] = exp(c_w - c_j) dt_j
+  __shared__ float decay;
+  const int w = c.cursor[slot];
+  RSSM_DEVICE_CHECK(w >= 0 && w < c.ring_len, "mamba2_replay_state: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+  const float* ring_dt = c.ring_dt + slot * c.ring_dt_slot_stride + h;
+  if (threadIdx.x == 0) {
+    auto dt_at = [&](int j) { return ring_dt[j * c.ring_dt_pos_stride]; };
+    decay = replay_decays(dt_at, w - 1, p.A[h], wdt);
+    for (int j = 0; j < w; ++j) wdt[j] *= dt_at(j);
+  }
+  __syncthreads();
+  const int g = h / (p.nheads / p.ngroups);
+  const ckpt_t* ckpt = static_cast<const ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + h * c.ckpt_head_stride;
+  const act_t* ring_x = static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + h * c.ring_x_head_stride;
+  const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
+  float* out = p.out + (int64_t(b) * p.nheads + h) * p.headdim * p.dstate;
+  for (int idx = threadIdx.x; idx < p.headdim * p.dstate; idx += blockDim.x) {
+    const int i = idx / p.dstate, n = idx % p.dstate;
+    float s = decay * to_float(ckpt[i * c.ckpt_row_stride + n]);
+    for (int j = 0; j < w; ++j)
+      s = fmaf(wdt[j] * to_float(ring_x[j * c.ring_x_pos_stride + i]), to_float(ring_B[j * c.ring_B_pos_stride + n]), s);
+    out[idx] = s;
+  }
+}
+
+template <DType kCkpt>
+void mamba2_replay_state_cuda_for_ckpt(const Mamba2ReplayStateParams& p, cudaStream_t stream) {
+  RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
+    const dim3 grid(p.nheads, p.batch);
+    mamba2_replay_state_kernel<typename CudaType<kCkpt>::type, typename CudaType<kAct>::type>
+        <<<grid, 256, p.cache.ring_len * sizeof(float), stream>>>(p);
+    check_cuda(cudaGetLastError(), "mamba2_replay_state kernel launch");
+  });
+}
+
+}  // namespace replayssm

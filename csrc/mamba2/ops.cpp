@@ -1,0 +1,303 @@
+// The torch layer of the Mamba-2 ops: validate every argument, fill the params structs (the one place
+// where tensors become pointers and strides), and run the CPU or CUDA implementation on x's device.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "../common/checks.h"
+#include "../common/math.h"
+#include "cpu.h"
+
+#ifdef RSSM_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "cuda.h"
+#endif
+
+namespace replayssm {
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+void check_cuda_dstate(const Tensor& x, int64_t dstate) {
+  TORCH_CHECK_VALUE(!x.is_cuda() || dstate == 16 || dstate == 32 || dstate == 64 || dstate == 128 || dstate == 256,
+                    "replayssm: the CUDA kernels support dstate (B.size(-1)) 16, 32, 64, 128 or 256, got ", dstate);
+}
+
+// Slot ids are checked here on the CPU (range, and no slot twice in a batch); on the GPU a host check
+// would need a sync, so the kernels check the range themselves (device-side assert).
+void check_slot_ids(const Tensor& slot_ids, int64_t num_slots) {
+  if (slot_ids.is_cuda()) return;
+  std::vector<int64_t> seen;
+  for (int64_t b = 0; b < slot_ids.size(0); ++b) {
+    const int64_t s = slot_ids[b].item<int64_t>();
+    if (s == kPadSlot) continue;
+    TORCH_CHECK_INDEX(s >= 0 && s < num_slots, "replayssm: slot_ids[", b, "] = ", s, " is out of range for a pool of ",
+                      num_slots, " slots (pad rows use ", kPadSlot, ")");
+    seen.push_back(s);
+  }
+  std::sort(seen.begin(), seen.end());
+  TORCH_CHECK_VALUE(std::adjacent_find(seen.begin(), seen.end()) == seen.end(), "replayssm: slot_ids must not repeat a slot");
+}
+
+void fill_token_params(Mamba2TokenParams& p, const Tensor& x, const Tensor& dt, const Tensor& A, const Tensor& B,
+                       const Tensor& C, const OptTensor& D, const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus,
+                       double dt_min, double dt_max, const Tensor& slot_ids, const Tensor& out, int64_t num_slots) {
+  TORCH_CHECK_VALUE(x.dim() == 3, "replayssm: x must have shape (batch, nheads, headdim), got ", shape_str(x.sizes()));
+  TORCH_CHECK_VALUE(B.dim() == 3, "replayssm: B must have shape (batch, ngroups, dstate), got ", shape_str(B.sizes()));
+  const int64_t batch = x.size(0), nheads = x.size(1), headdim = x.size(2), ngroups = B.size(1), dstate = B.size(2);
+  TORCH_CHECK_VALUE(ngroups > 0 && nheads % ngroups == 0, "replayssm: nheads (", nheads, ") must be a multiple of ngroups (", ngroups, ")");
+  TORCH_CHECK_VALUE(headdim > 0 && dstate > 0, "replayssm: headdim and dstate must be positive");
+  check_cuda_dstate(x, dstate);
+  const at::Device device = x.device();
+  const at::ScalarType act = x.scalar_type();
+  p.act_dtype = float_dtype(x, "x");
+
+  check_shape(dt, "dt", {batch, nheads});
+  check_shape(A, "A", {nheads});
+  check_shape(B, "B", {batch, ngroups, dstate});
+  check_shape(C, "C", {batch, ngroups, dstate});
+  check_shape(out, "out", {batch, nheads, headdim});
+  check_shape(slot_ids, "slot_ids", {batch});
+  for (auto [t, name] : {std::pair{&dt, "dt"}, {&B, "B"}, {&C, "C"}, {&out, "out"}}) {
+    check_device(*t, name, device);
+    check_dtype(*t, name, act);
+  }
+  check_device(A, "A", device);
+  check_dtype(A, "A", at::kFloat);
+  check_device(slot_ids, "slot_ids", device);
+  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
+                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
+  for (auto [t, name] : {std::pair{&x, "x"}, {&B, "B"}, {&C, "C"}, {&out, "out"}}) check_inner_contiguous(*t, name);
+  TORCH_CHECK_VALUE(A.stride(0) == 1 && slot_ids.stride(0) == 1 || batch <= 1, "replayssm: A and slot_ids must be contiguous");
+  TORCH_CHECK_VALUE(dt_min <= dt_max, "replayssm: dt_min (", dt_min, ") must not exceed dt_max (", dt_max, ")");
+
+  p.batch = static_cast<int>(batch);
+  p.nheads = static_cast<int>(nheads);
+  p.headdim = static_cast<int>(headdim);
+  p.ngroups = static_cast<int>(ngroups);
+  p.dstate = static_cast<int>(dstate);
+  p.x = x.data_ptr();
+  p.x_batch_stride = x.stride(0);
+  p.x_head_stride = x.stride(1);
+  p.dt = dt.data_ptr();
+  p.dt_batch_stride = dt.stride(0);
+  p.dt_head_stride = dt.stride(1);
+  p.A = A.data_ptr<float>();
+  p.B = B.data_ptr();
+  p.B_batch_stride = B.stride(0);
+  p.B_group_stride = B.stride(1);
+  p.C = C.data_ptr();
+  p.C_batch_stride = C.stride(0);
+  p.C_group_stride = C.stride(1);
+  p.out = out.data_ptr();
+  p.out_batch_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  for (auto [t, name, ptr] : {std::tuple{&D, "D", &p.D}, {&dt_bias, "dt_bias", &p.dt_bias}}) {
+    if (!t->has_value()) continue;
+    const Tensor& v = t->value();
+    check_shape(v, name, {nheads});
+    check_device(v, name, device);
+    check_dtype(v, name, at::kFloat);
+    TORCH_CHECK_VALUE(v.stride(0) == 1 || nheads == 1, "replayssm: ", name, " must be contiguous");
+    *ptr = v.data_ptr<float>();
+  }
+  if (z.has_value()) {
+    check_shape(*z, "z", {batch, nheads, headdim});
+    check_device(*z, "z", device);
+    check_dtype(*z, "z", act);
+    check_inner_contiguous(*z, "z");
+    p.z = z->data_ptr();
+    p.z_batch_stride = z->stride(0);
+    p.z_head_stride = z->stride(1);
+  }
+  p.dt_softplus = dt_softplus;
+  p.dt_min = static_cast<float>(dt_min);
+  p.dt_max = static_cast<float>(dt_max);
+  p.slot_ids = slot_ids.data_ptr();
+  p.slot_ids_int64 = slot_ids.scalar_type() == at::kLong;
+  p.num_slots = num_slots;
+  check_slot_ids(slot_ids, num_slots);
+}
+
+void check_state_pool(const Tensor& state, const char* name, const Mamba2TokenParams& p, const at::Device& device) {
+  check_shape(state, name, {-1, p.nheads, p.headdim, p.dstate});
+  check_device(state, name, device);
+  float_dtype(state, name);
+  check_inner_contiguous(state, name);
+  if (state.is_cuda()) check_vector_aligned(state, name);
+}
+
+// The replay cache of one layer: checkpoint pool, rings, cursors (see replayssm/cache.py).
+Mamba2ReplayCacheParams fill_cache_params(const Tensor& checkpoint, const Tensor& ring_x, const Tensor& ring_B,
+                                          const Tensor& ring_dt, const Tensor& cursor, const Tensor* arrivals, int nheads,
+                                          int headdim, int ngroups, int dstate, at::ScalarType act, const at::Device& device) {
+  Mamba2ReplayCacheParams c;
+  TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, headdim, dstate), got ",
+                    shape_str(checkpoint.sizes()));
+  TORCH_CHECK_VALUE(ring_x.dim() == 4, "replayssm: ring_x must have shape (num_slots, ring_len, nheads, headdim), got ",
+                    shape_str(ring_x.sizes()));
+  const int64_t slots = checkpoint.size(0), L = ring_x.size(1);
+  TORCH_CHECK_VALUE(L >= kMinRing && L <= kMaxRing, "replayssm: ring_len (ring_x.size(1)) must be in [", kMinRing, ", ",
+                    kMaxRing, "], got ", L);
+  check_shape(checkpoint, "checkpoint", {slots, nheads, headdim, dstate});
+  check_shape(ring_x, "ring_x", {slots, L, nheads, headdim});
+  check_shape(ring_B, "ring_B", {slots, L, ngroups, dstate});
+  check_shape(ring_dt, "ring_dt", {slots, L, nheads});
+  check_shape(cursor, "cursor", {slots});
+  for (auto [t, name] : {std::pair{&checkpoint, "checkpoint"}, {&ring_x, "ring_x"}, {&ring_B, "ring_B"}, {&ring_dt, "ring_dt"},
+                         {&cursor, "cursor"}}) {
+    check_device(*t, name, device);
+    check_inner_contiguous(*t, name);
+  }
+  c.ckpt_dtype = float_dtype(checkpoint, "checkpoint");
+  if (checkpoint.is_cuda()) check_vector_aligned(checkpoint, "checkpoint");
+  check_dtype(ring_x, "ring_x", act);
+  check_dtype(ring_B, "ring_B", act);
+  check_dtype(ring_dt, "ring_dt", at::kFloat);
+  check_dtype(cursor, "cursor", at::kInt);
+  TORCH_CHECK_VALUE(cursor.stride(0) == 1 || slots == 1, "replayssm: cursor must be contiguous");
+  if (arrivals) {
+    check_shape(*arrivals, "arrivals", {slots});
+    check_device(*arrivals, "arrivals", device);
+    check_dtype(*arrivals, "arrivals", at::kInt);
+    TORCH_CHECK_VALUE(arrivals->stride(0) == 1 || slots == 1, "replayssm: arrivals must be contiguous");
+    c.arrivals = arrivals->data_ptr<int>();
+  }
+  if (!checkpoint.is_cuda()) {
+    const Tensor bad = (cursor < 0).logical_or(cursor >= L);
+    TORCH_CHECK_VALUE(!bad.any().item<bool>(), "replayssm: every cursor must be in [0, ring_len = ", L, ")");
+  }
+  c.ring_len = static_cast<int>(L);
+  c.checkpoint = checkpoint.data_ptr();
+  c.ckpt_slot_stride = checkpoint.stride(0);
+  c.ckpt_head_stride = checkpoint.stride(1);
+  c.ckpt_row_stride = checkpoint.stride(2);
+  c.ring_x = ring_x.data_ptr();
+  c.ring_x_slot_stride = ring_x.stride(0);
+  c.ring_x_pos_stride = ring_x.stride(1);
+  c.ring_x_head_stride = ring_x.stride(2);
+  c.ring_B = ring_B.data_ptr();
+  c.ring_B_slot_stride = ring_B.stride(0);
+  c.ring_B_pos_stride = ring_B.stride(1);
+  c.ring_B_group_stride = ring_B.stride(2);
+  c.ring_dt = ring_dt.data_ptr<float>();
+  c.ring_dt_slot_stride = ring_dt.stride(0);
+  c.ring_dt_pos_stride = ring_dt.stride(1);
+  c.cursor = cursor.data_ptr<int>();
+  return c;
+}
+
+void mamba2_step(Tensor state, const Tensor& x, const Tensor& dt, const Tensor& A, const Tensor& B, const Tensor& C,
+                 const OptTensor& D, const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus, double dt_min,
+                 double dt_max, const Tensor& slot_ids, Tensor out) {
+  Mamba2StepParams p;
+  TORCH_CHECK_VALUE(state.dim() == 4, "replayssm: state must have shape (num_slots, nheads, headdim, dstate), got ",
+                    shape_str(state.sizes()));
+  fill_token_params(p, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, slot_ids, out, state.size(0));
+  check_state_pool(state, "state", p, x.device());
+  p.state_dtype = float_dtype(state, "state");
+  p.state = state.data_ptr();
+  p.state_slot_stride = state.stride(0);
+  p.state_head_stride = state.stride(1);
+  p.state_row_stride = state.stride(2);
+  if (p.batch == 0) return;
+#ifdef RSSM_WITH_CUDA
+  if (x.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    mamba2_step_cuda(p, c10::cuda::getCurrentCUDAStream());
+    return;
+  }
+#endif
+  mamba2_step_cpu(p);
+}
+
+void mamba2_replay_step(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor ring_dt, Tensor cursor, Tensor arrivals,
+                        const Tensor& x, const Tensor& dt, const Tensor& A, const Tensor& B, const Tensor& C,
+                        const OptTensor& D, const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus, double dt_min,
+                        double dt_max, const Tensor& slot_ids, Tensor out) {
+  Mamba2ReplayStepParams p;
+  TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, headdim, dstate), got ",
+                    shape_str(checkpoint.sizes()));
+  fill_token_params(p, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, slot_ids, out, checkpoint.size(0));
+  p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, &arrivals, p.nheads, p.headdim, p.ngroups,
+                              p.dstate, x.scalar_type(), x.device());
+  if (p.batch == 0) return;
+#ifdef RSSM_WITH_CUDA
+  if (x.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    mamba2_replay_step_cuda(p, c10::cuda::getCurrentCUDAStream());
+    return;
+  }
+#endif
+  mamba2_replay_step_cpu(p);
+}
+
+void mamba2_replay_state(const Tensor& checkpoint, const Tensor& ring_x, const Tensor& ring_B, const Tensor& ring_dt,
+                         const Tensor& cursor, const Tensor& A, const Tensor& slot_ids, Tensor out) {
+  Mamba2ReplayStateParams p;
+  TORCH_CHECK_VALUE(checkpoint.dim() == 4 && ring_B.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, ",
+                    "headdim, dstate) and ring_B (num_slots, ring_len, ngroups, dstate)");
+  const int64_t batch = slot_ids.size(0), nheads = checkpoint.size(1), headdim = checkpoint.size(2),
+                dstate = checkpoint.size(3), ngroups = ring_B.size(2);
+  TORCH_CHECK_VALUE(ngroups > 0 && nheads % ngroups == 0, "replayssm: nheads (", nheads, ") must be a multiple of ngroups (", ngroups, ")");
+  const at::Device device = checkpoint.device();
+  p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, nullptr, nheads, headdim, ngroups, dstate,
+                              ring_x.scalar_type(), device);
+  p.act_dtype = float_dtype(ring_x, "ring_x");
+  check_shape(A, "A", {nheads});
+  check_device(A, "A", device);
+  check_dtype(A, "A", at::kFloat);
+  check_shape(slot_ids, "slot_ids", {batch});
+  check_device(slot_ids, "slot_ids", device);
+  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
+                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
+  check_shape(out, "out", {batch, nheads, headdim, dstate});
+  check_device(out, "out", device);
+  check_dtype(out, "out", at::kFloat);
+  TORCH_CHECK_VALUE(out.is_contiguous() && A.is_contiguous() && slot_ids.is_contiguous(),
+                    "replayssm: out, A and slot_ids must be contiguous");
+  check_slot_ids(slot_ids, checkpoint.size(0));
+  p.batch = static_cast<int>(batch);
+  p.nheads = static_cast<int>(nheads);
+  p.headdim = static_cast<int>(headdim);
+  p.ngroups = static_cast<int>(ngroups);
+  p.dstate = static_cast<int>(dstate);
+  p.A = A.data_ptr<float>();
+  p.slot_ids = slot_ids.data_ptr();
+  p.slot_ids_int64 = slot_ids.scalar_type() == at::kLong;
+  p.num_slots = checkpoint.size(0);
+  p.out = out.data_ptr<float>();
+  if (p.batch == 0) return;
+#ifdef RSSM_WITH_CUDA
+  if (checkpoint.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device);
+    mamba2_replay_state_cuda(p, c10::cuda::getCurrentCUDAStream());
+    return;
+  }
+#endif
+  mamba2_replay_state_cpu(p);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(replayssm, CPU, m) {
+  m.impl("mamba2_step", &mamba2_step);
+  m.impl("mamba2_replay_step", &mamba2_replay_step);
+  m.impl("mamba2_replay_state", &mamba2_replay_state);
+}
+
+#ifdef RSSM_WITH_CUDA
+TORCH_LIBRARY_IMPL(replayssm, CUDA, m) {
+  m.impl("mamba2_step", &mamba2_step);
+  m.impl("mamba2_replay_step", &mamba2_replay_step);
+  m.impl("mamba2_replay_state", &mamba2_replay_state);
+}
+#endif
+
+}  // namespace replayssm

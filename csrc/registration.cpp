@@ -1,0 +1,26 @@
+// Every op schema of replayssm, once. Implementations register per backend (mamba2/ops.cpp);
+// fake (meta) kernels for torch.compile are registered in Python (replayssm/ops.py).
+#include <Python.h>
+#include <torch/library.h>
+
+// Importing replayssm._C loads this library and so registers the ops; the module itself is empty.
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module);
+}
+
+TORCH_LIBRARY(replayssm, m) {
+  // Standard decode step: reads and writes state[slot_ids[b]] in place, writes out.
+  m.def(
+      "mamba2_step(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
+      "Tensor? dt_bias, bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor(b!) out) -> ()");
+  // Replay decode step: output from checkpoint + ring; appends to the ring, or folds when it is full.
+  m.def(
+      "mamba2_replay_step(Tensor(a!) checkpoint, Tensor(b!) ring_x, Tensor(c!) ring_B, Tensor(d!) ring_dt, "
+      "Tensor(e!) cursor, Tensor(f!) arrivals, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
+      "Tensor? dt_bias, bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor(g!) out) -> ()");
+  // The state at each slot's cursor (checkpoint with its ring folded in), fp32, into out.
+  m.def(
+      "mamba2_replay_state(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor ring_dt, Tensor cursor, Tensor A, "
+      "Tensor slot_ids, Tensor(a!) out) -> ()");
+}

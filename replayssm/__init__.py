@@ -1,0 +1,17 @@
+"""replayssm: state-space decoding the ReplaySSM way (checkpoint + ring, output-only steps).
+
+Importing the package loads the compiled library, which registers the ops under torch.ops.replayssm.
+"""
+import torch
+
+from . import _C  # noqa: F401  (registers torch.ops.replayssm.*)
+from . import ops
+from .cache import Mamba2ReplayCache
+from .ops import PAD_SLOT, mamba2_replay_state, mamba2_replay_step, mamba2_step
+
+__all__ = ["PAD_SLOT", "Mamba2ReplayCache", "mamba2_replay_state", "mamba2_replay_step", "mamba2_step", "ops"]
+
+
+def cuda_built() -> bool:
+    """True when the CUDA kernels were compiled into the library."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("replayssm::mamba2_step", "CUDA")

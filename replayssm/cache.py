@@ -1,0 +1,86 @@
+"""The replay cache of one Mamba-2 layer: a pool of checkpoints, a ring of recent inputs per slot, and
+per-slot cursors, all on the device.
+
+Layouts (s slots, L ring length, H heads, P head dim, G groups, N state size):
+    checkpoint (s, H, P, N)   fp32 by default: the state every later token is built from
+    ring_x     (s, L, H, P)   activation dtype: x of the tokens since the checkpoint
+    ring_B     (s, L, G, N)   activation dtype: B of those tokens (per group, shared by its heads)
+    ring_dt    (s, L, H)      fp32: their processed dt (after bias, softplus and limits)
+    cursor     (s,) int32     how many tokens the ring holds; advanced by the replay step on the device
+    arrivals   (s,) int32     zero between steps; the CUDA kernel's blocks count in on it to advance cursors
+
+A step with cursor w reads ring positions 0..w-1 and writes position w, or, when w + 1 == L, folds: the
+checkpoint becomes the state after the token and the cursor returns to 0. So the checkpoint is written
+once every L tokens and the ring is small beside it (P + N/(H/G) + 1 values per token and head).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+MIN_RING_LEN = 2
+MAX_RING_LEN = 64
+DEFAULT_RING_LEN = 16
+
+
+@dataclass
+class Mamba2ReplayCache:
+    checkpoint: torch.Tensor
+    ring_x: torch.Tensor
+    ring_B: torch.Tensor
+    ring_dt: torch.Tensor
+    cursor: torch.Tensor
+    arrivals: torch.Tensor
+
+    @classmethod
+    def allocate(
+        cls,
+        num_slots: int,
+        nheads: int,
+        headdim: int,
+        ngroups: int,
+        dstate: int,
+        *,
+        ring_len: int = DEFAULT_RING_LEN,
+        act_dtype: torch.dtype = torch.bfloat16,
+        checkpoint_dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> "Mamba2ReplayCache":
+        """A cache of ``num_slots`` empty slots (zero checkpoints, empty rings)."""
+        if not MIN_RING_LEN <= ring_len <= MAX_RING_LEN:
+            raise ValueError(f"ring_len must be in [{MIN_RING_LEN}, {MAX_RING_LEN}], got {ring_len}")
+        if nheads % ngroups:
+            raise ValueError(f"nheads ({nheads}) must be a multiple of ngroups ({ngroups})")
+        kw = dict(device=device)
+        return cls(
+            checkpoint=torch.zeros(num_slots, nheads, headdim, dstate, dtype=checkpoint_dtype, **kw),
+            # Rings are filled before they are read (the cursor says how far); zeros keep them finite anyway.
+            ring_x=torch.zeros(num_slots, ring_len, nheads, headdim, dtype=act_dtype, **kw),
+            ring_B=torch.zeros(num_slots, ring_len, ngroups, dstate, dtype=act_dtype, **kw),
+            ring_dt=torch.zeros(num_slots, ring_len, nheads, dtype=torch.float32, **kw),
+            cursor=torch.zeros(num_slots, dtype=torch.int32, **kw),
+            arrivals=torch.zeros(num_slots, dtype=torch.int32, **kw),
+        )
+
+    @property
+    def ring_len(self) -> int:
+        return self.ring_x.shape[1]
+
+    @property
+    def num_slots(self) -> int:
+        return self.checkpoint.shape[0]
+
+    def reset(self, slot_ids: torch.Tensor, state: Optional[torch.Tensor] = None) -> None:
+        """Start slots afresh (after prefill): checkpoint <- state (b, H, P, N) or zero, ring emptied.
+        Device-side tensor ops only (no sync), so it can run inside a captured graph."""
+        slot_ids = slot_ids.to(device=self.checkpoint.device, dtype=torch.long)
+        if state is None:
+            self.checkpoint.index_fill_(0, slot_ids, 0)
+        else:
+            expected = (slot_ids.shape[0],) + tuple(self.checkpoint.shape[1:])
+            if tuple(state.shape) != expected:
+                raise ValueError(f"state must have shape {expected}, got {tuple(state.shape)}")
+            self.checkpoint.index_copy_(0, slot_ids, state.to(self.checkpoint.dtype))
+        self.cursor.index_fill_(0, slot_ids, 0)
