@@ -1,0 +1,151 @@
+"""Mamba-2 decode step microbenchmark: mamba_ssm's Triton selective_state_update, replayssm's mamba2_step
+(standard) and mamba2_replay_step (replay), FP32 state, bf16 activations, as a serving engine runs them.
+
+Each measurement is one CUDA graph holding a full cycle of L consecutive steps over n independent layers
+(n chosen so that the layers' states are >= 4x the L2: nothing is served from L2), with fresh inputs for every
+(step, layer). The replay cursors advance for real (they start staggered, as in a serving batch), so fold steps
+count at their true rate. Reported per step and layer: µs, analytic bytes, TB/s, and the floor (bytes over the
+bandwidth measured in this run: copy bandwidth for the standard step, the larger of read and copy for replay).
+
+    python bench/bench_mamba2.py [--batches 1 32 128 256] [--out bench/results/mamba2_decode.json]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import replayssm  # noqa: E402
+from replayssm import Mamba2ReplayCache  # noqa: E402
+
+H, P, N, G = 128, 64, 128, 8  # Nemotron-H 8B Mamba-2 layer
+ACT = torch.bfloat16
+
+
+def load_ssu():
+    path = os.path.join(os.path.dirname(__file__), "..", "third_party", ".cache", "mamba_ssm_triton")
+    sys.path.insert(0, os.path.abspath(path))
+    try:
+        from mamba_ssm.ops.triton.selective_state_update import selective_state_update
+        return selective_state_update
+    except ImportError as e:
+        print(f"mamba_ssm baseline not available ({e}); run third_party/get_baselines.sh")
+        return None
+
+
+def analytic_bytes(batch: int, L: int, state_bytes: int = 4, act_bytes: int = 2) -> dict:
+    """Fewest device-memory bytes per step and layer, averaged over a cycle of L steps."""
+    state = batch * H * P * N * state_bytes
+    io = batch * (3 * H * P * act_bytes + H * act_bytes + 2 * G * N * act_bytes)  # x, z, out; dt; B, C
+    ring_token = batch * (H * P * act_bytes + G * N * act_bytes + H * 4)  # x, B (activation dtype), dt (fp32)
+    standard = 2 * state + io
+    replay_read = state + io + ring_token * (L - 1) / 2  # a step at cursor w reads w ring tokens
+    replay_write = state / L + ring_token * (L - 1) / L  # one fold per cycle; other steps append a token
+    return {"standard": standard, "replay": replay_read + replay_write}
+
+
+def make_inputs(batch, n_layers, L, gen, device="cuda"):
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device=device) * scale).to(ACT)
+    return [[dict(x=rnd(batch, H, P), dt=rnd(batch, H, scale=0.5), B=rnd(batch, G, N), C=rnd(batch, G, N),
+                  z=rnd(batch, H, P), out=torch.empty(batch, H, P, dtype=ACT, device=device))
+             for _ in range(n_layers)] for _ in range(L)]
+
+
+def bench_batch(batch, L, ssu, gen) -> dict:
+    state_layer = batch * H * P * N * 4
+    n_layers = max(2, math.ceil(4 * common.l2_bytes() / state_layer))
+    A = -torch.exp(torch.rand(H, generator=gen, device="cuda") * math.log(16.0))
+    dt_bias = torch.rand(H, generator=gen, device="cuda") - 4.0
+    D = torch.randn(H, generator=gen, device="cuda")
+    slots = torch.arange(batch, dtype=torch.int32, device="cuda")
+    inputs = make_inputs(batch, n_layers, L, gen)
+    kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True)
+    result = {"batch": batch, "layers_rotated": n_layers}
+
+    pools = [torch.randn(batch, H, P, N, generator=gen, device="cuda") * 0.1 for _ in range(n_layers)]
+
+    def standard_cycle():
+        for step in inputs:
+            for pool, t in zip(pools, step):
+                replayssm.mamba2_step(pool, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots, out=t["out"], **kw)
+    result["standard_us"] = common.time_graph(standard_cycle) / (L * n_layers)
+
+    if ssu is not None:
+        A_t = A[:, None, None].expand(H, P, N)
+        D_t, bias_t = D[:, None].expand(H, P), dt_bias[:, None].expand(H, P)
+        dts = [[t["dt"][..., None].expand(batch, H, P) for t in step] for step in inputs]
+
+        def ssu_cycle():
+            for step, dstep in zip(inputs, dts):
+                for pool, t, dt in zip(pools, step, dstep):
+                    ssu(pool, t["x"], dt, A_t, t["B"], t["C"], D=D_t, z=t["z"], dt_bias=bias_t, dt_softplus=True,
+                        state_batch_indices=slots)
+        result["mamba_ssm_us"] = common.time_graph(ssu_cycle) / (L * n_layers)
+    del pools
+    torch.cuda.empty_cache()
+
+    caches = []
+    for _ in range(n_layers):
+        cache = Mamba2ReplayCache.allocate(batch, H, P, G, N, ring_len=L, act_dtype=ACT, device="cuda")
+        cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device="cuda") * 0.1)
+        cache.cursor.copy_(torch.randint(0, L, (batch,), generator=gen, device="cuda", dtype=torch.int32))
+        caches.append(cache)
+
+    def replay_cycle():
+        for step in inputs:
+            for cache, t in zip(caches, step):
+                replayssm.mamba2_replay_step(cache, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots,
+                                             out=t["out"], **kw)
+    cursors_before = torch.stack([c.cursor.clone() for c in caches])
+    result["replay_us"] = common.time_graph(replay_cycle) / (L * n_layers)
+    # Every replay of the cycle is L steps: cursors come back where they started, having gone all the way round.
+    assert torch.equal(cursors_before, torch.stack([c.cursor for c in caches])), "cursors did not advance a full cycle"
+    del caches
+    torch.cuda.empty_cache()
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
+    parser.add_argument("--ring-len", type=int, default=16)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "mamba2_decode.json"))
+    args = parser.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ssu = load_ssu()
+    bw = common.measure_bandwidth()
+    rows = []
+    for batch in args.batches:
+        r = bench_batch(batch, args.ring_len, ssu, gen)
+        nbytes = analytic_bytes(batch, args.ring_len)
+        r["bytes"] = nbytes
+        r["standard_TBps"] = nbytes["standard"] / r["standard_us"] / 1e6
+        r["replay_TBps"] = nbytes["replay"] / r["replay_us"] / 1e6
+        r["standard_floor_us"] = nbytes["standard"] / (bw["copy_TBps"] * 1e6)
+        r["replay_floor_us"] = nbytes["replay"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
+        r["standard_frac_copy_bw"] = r["standard_floor_us"] / r["standard_us"]
+        r["replay_vs_standard"] = r["standard_us"] / r["replay_us"]
+        r["replay_over_floor"] = r["replay_us"] / r["replay_floor_us"]
+        if "mamba_ssm_us" in r:
+            r["mamba_ssm_TBps"] = nbytes["standard"] / r["mamba_ssm_us"] / 1e6
+        rows.append(r)
+        print(r, flush=True)
+    common.write_result(args.out, {"bandwidth": bw, "ring_len": args.ring_len, "shape": dict(H=H, P=P, N=N, G=G),
+                                   "state_dtype": "float32", "act_dtype": "bfloat16", "rows": rows})
+    print(f"\ncopy {bw['copy_TBps']:.2f} TB/s, read {bw['read_TBps']:.2f} TB/s; µs per step and layer, L={args.ring_len}")
+    print(f"{'batch':>5} {'mamba_ssm':>10} {'step':>8} {'step%BW':>8} {'replay':>8} {'floor':>7} {'rep/floor':>9} {'speedup':>8}")
+    for r in rows:
+        print(f"{r['batch']:>5} {r.get('mamba_ssm_us', float('nan')):>10.1f} {r['standard_us']:>8.1f} "
+              f"{100 * r['standard_frac_copy_bw']:>7.1f}% {r['replay_us']:>8.1f} {r['replay_floor_us']:>7.1f} "
+              f"{r['replay_over_floor']:>9.2f} {r['replay_vs_standard']:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()

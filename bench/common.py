@@ -1,0 +1,83 @@
+"""Timing as a serving engine runs decode steps: whole cycles captured in CUDA graphs, replayed, timed with
+events (median), on data spread over enough independent layers that nothing is served from L2."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from typing import Callable
+
+import torch
+
+L2_BYTES = 60 * 2**20  # H200 (read back from the device where torch exposes it)
+
+
+def l2_bytes() -> int:
+    props = torch.cuda.get_device_properties(0)
+    return getattr(props, "L2_cache_size", L2_BYTES) or L2_BYTES
+
+
+def time_graph(fn: Callable[[], None], replays: int = 20, warmup: int = 3) -> float:
+    """Median µs of one replay of a CUDA graph that captures fn()."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up outside the graph (Triton compiles, lazy module loads)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    del graph
+    return statistics.median(times)
+
+
+def measure_bandwidth(nbytes: int = 4 * 2**30) -> dict:
+    """Device-memory bandwidth in TB/s: a device-to-device copy (bytes read + written) and a read-only
+    reduction, both over buffers many times the L2."""
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    copy_us = time_graph(lambda: dst.copy_(src), replays=10)
+    acc = torch.empty((), device="cuda")
+    read_us = time_graph(lambda: torch.sum(src, dtype=torch.float32, out=acc), replays=10)
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"copy_TBps": 2 * nbytes / copy_us / 1e6, "read_TBps": nbytes / read_us / 1e6}
+
+
+def environment() -> dict:
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "device": torch.cuda.get_device_name(0), "sms": torch.cuda.get_device_properties(0).multi_processor_count}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    try:
+        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                       cwd=os.path.dirname(__file__)).stdout.strip()
+    except OSError:
+        pass
+    return env
+
+
+def write_result(path: str, payload: dict) -> None:
+    payload = dict(payload, command=" ".join([os.path.basename(sys.executable)] + sys.argv), environment=environment())
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    print(f"wrote {path}")

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One job on the H200 machine: build for sm_90a, run the tests (CUDA ones included), the demo, the benchmark
+# and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
+# with steps from: build test sanitize demo bench ncu (default: all but sanitize).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+STEPS=${*:-build test demo bench ncu}
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+status=0
+run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures
+  local name=$1; shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
+  tail -n 25 "$OUT/$name.log"
+  [ $rc -eq 0 ] || status=1
+  return $rc
+}
+for step in $STEPS; do
+  case $step in
+    build) run build python3 -m pip install -e . --no-build-isolation --no-deps -v || exit 1 ;;
+    test) run test python3 -m pytest -q -rs tests ;;
+    sanitize) run sanitize compute-sanitizer --tool memcheck --target-processes all python3 -m pytest -q -x tests -m cuda -k "not out_of_range" ;;
+    demo) run demo python3 -m replayssm demo ;;
+    bench) run bench python3 bench/bench_mamba2.py --out "$OUT/mamba2_decode.json" ;;
+    ncu) run ncu python3 bench/ncu_mamba2.py --out "$OUT/mamba2_ncu.json" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,52 @@
+"""Random inputs as trained Mamba-2 layers see them, and error measures with dtype-keyed tolerances."""
+import math
+
+import torch
+
+from replayssm import reference as R
+
+# Unit roundoff of each storage dtype (half the gap between 1 and the next value).
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def tolerance(act_dtype, state_dtype):
+    """Bound on ||out - ref|| / ||ref|| against the float64 reference that rounds the state where the op
+    stores it. Outputs are rounded once to act_dtype (relative error <= u_act); a stored state can round the
+    other way from the reference on a near-tie (a few u_state); fp32 arithmetic over tens of tokens stays
+    far under 2e-5."""
+    return 2 * UNIT_ROUNDOFF[act_dtype] + 4 * UNIT_ROUNDOFF[state_dtype] + 2e-5
+
+
+def rel_err(a, ref):
+    a, ref = a.double().cpu(), ref.double().cpu()
+    return ((a - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+class Layer:
+    """Per-head parameters drawn as trained models have them: decays mostly near 1, a few fast heads."""
+
+    def __init__(self, nheads, headdim, ngroups, dstate, device, gen, dt_softplus=True, with_D=True, with_z=True):
+        self.shape = (nheads, headdim, ngroups, dstate)
+        A_log = torch.empty(nheads).uniform_(math.log(1.0), math.log(16.0), generator=gen)
+        self.A = (-torch.exp(A_log)).to(device)
+        dt0 = torch.exp(torch.empty(nheads).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+        self.dt_bias = (dt0 + torch.log(-torch.expm1(-dt0))).to(device)  # softplus^-1(dt0)
+        self.D = torch.randn(nheads, generator=gen).to(device) if with_D else None
+        self.dt_softplus = dt_softplus
+        self.with_z = with_z
+        self.device = device
+
+    def kwargs(self):
+        return dict(D=self.D, dt_bias=self.dt_bias, dt_softplus=self.dt_softplus)
+
+    def token(self, batch, act_dtype, gen):
+        H, P, G, N = self.shape
+        def rnd(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=gen) * scale).to(self.device, act_dtype)
+        return dict(x=rnd(batch, H, P), dt=rnd(batch, H, scale=0.5), B=rnd(batch, G, N), C=rnd(batch, G, N),
+                    z=rnd(batch, H, P) if self.with_z else None)
+
+    def reference_step(self, state64, tok):
+        dt = R.process_dt(tok["dt"], self.dt_bias, self.dt_softplus)
+        return R.mamba2_step(state64, tok["x"], dt, self.A, tok["B"], tok["C"], self.D, tok["z"])

@@ -1,0 +1,338 @@
+"""Mamba-2 standard and replay decode steps against the float64 reference (../shared/docs/MATH.md)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import replayssm
+from replayssm import PAD_SLOT, Mamba2ReplayCache
+from replayssm import reference as R
+
+from conftest import HAS_CUDA
+from helpers import DTYPES, UNIT_ROUNDOFF, Layer, rel_err, tolerance
+
+
+def make_gen(seed=None):
+    gen = torch.Generator()
+    gen.manual_seed(seed if seed is not None else torch.randint(0, 2**31 - 1, ()).item())
+    return gen
+
+
+def run_sequence(device, *, H, P, N, G, L, batch, num_slots, T, act_dtype, state_dtype, gen, pad_rows=(),
+                 join_at=None, view_pool=False):
+    """Decode T tokens with both ops side by side and with the float64 reference; return per-token errors.
+
+    Row b is a pad row for tokens t < join_at[b] (so rows sit at different cursors) and for every token when
+    b is in pad_rows. The reference rounds the state where each op stores it: every token for the standard
+    step, at folds for the replay checkpoint.
+    """
+    layer = Layer(H, P, G, N, device, gen)
+    slots = torch.randperm(num_slots, generator=gen)[:batch]
+    init = torch.randn(num_slots, H, P, N, generator=gen) * 0.5
+    if view_pool:  # pools that are views of larger tensors (a slice of heads of a wider pool)
+        pool = torch.empty(num_slots, H + 2, P, N, dtype=state_dtype, device=device)[:, 1:H + 1]
+        pool.copy_(init)
+    else:
+        pool = init.to(device, state_dtype)
+    cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=act_dtype,
+                                       checkpoint_dtype=state_dtype, device=device)
+    if view_pool:
+        cache.checkpoint = torch.empty(num_slots, H + 2, P, N, dtype=state_dtype, device=device)[:, 1:H + 1]
+    cache.checkpoint.copy_(init)
+    ref_std = init.to(state_dtype).double()
+    ref_rep = ref_std.clone()
+    cursor = [0] * num_slots
+    join_at = join_at or [0] * batch
+    errs = []
+    for t in range(T):
+        tok = layer.token(batch, act_dtype, gen)
+        if view_pool:
+            wide = torch.empty(batch, H, P + 8, dtype=act_dtype, device=device)[..., :P]
+            wide.copy_(tok["x"])
+            tok["x"] = wide
+        active = [b for b in range(batch) if b not in pad_rows and t >= join_at[b]]
+        ids = torch.full((batch,), PAD_SLOT, dtype=torch.int32)
+        ids[active] = slots[active].to(torch.int32)
+        ids = ids.to(device)
+        out_std = torch.full_like(tok["x"], float("nan"))
+        out_rep = torch.full_like(tok["x"], float("nan"))
+        replayssm.mamba2_step(pool, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"], slot_ids=ids,
+                              out=out_std, **layer.kwargs())
+        replayssm.mamba2_replay_step(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"],
+                                     slot_ids=ids, out=out_rep, **layer.kwargs())
+        sl = slots[active]
+        sub = {k: (v[active].cpu() if v is not None else None) for k, v in tok.items()}
+        y_ref, new_std = layer.reference_step(ref_std[sl], sub)
+        y_ref_rep, new_rep = layer.reference_step(ref_rep[sl], sub)
+        ref_std[sl] = R.round_to(new_std, state_dtype)
+        for i, s in enumerate(sl.tolist()):
+            fold = cursor[s] + 1 == L
+            ref_rep[s] = R.round_to(new_rep[i], state_dtype) if fold else new_rep[i]
+            cursor[s] = 0 if fold else cursor[s] + 1
+        errs.append(dict(std=rel_err(out_std[active], y_ref), rep=rel_err(out_rep[active], y_ref_rep),
+                         std_vs_rep=rel_err(out_rep[active], out_std[active].double())))
+        pad = [b for b in range(batch) if b not in active]
+        if pad:  # pad rows' outputs are never written
+            assert torch.isnan(out_std[pad]).all() and torch.isnan(out_rep[pad]).all()
+    return dict(errs=errs, pool=pool, cache=cache, ref_std=ref_std, ref_rep=ref_rep, cursor=cursor, slots=slots,
+                layer=layer)
+
+
+@pytest.mark.parametrize("act_dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("state_dtype", DTYPES, ids=str)
+def test_replay_and_standard_match_reference_across_folds(device, act_dtype, state_dtype):
+    L = 8
+    res = run_sequence(device, H=8, P=16, N=32, G=2, L=L, batch=5, num_slots=9, T=3 * L + 5, act_dtype=act_dtype,
+                       state_dtype=state_dtype, gen=make_gen(), join_at=[0, 1, 3, 7, 2])
+    tol = tolerance(act_dtype, state_dtype)
+    worst = {k: max(e[k] for e in res["errs"]) for k in ("std", "rep", "std_vs_rep")}
+    assert worst["std"] < tol, worst
+    assert worst["rep"] < tol, worst
+    assert worst["std_vs_rep"] < 2 * tol, worst
+    # The state each op keeps (pool; checkpoint + ring) equals the reference's.
+    sl = res["slots"]
+    state_tol = 4 * UNIT_ROUNDOFF[state_dtype] + 2e-5
+    assert rel_err(res["pool"][sl], res["ref_std"][sl]) < state_tol
+    got = replayssm.mamba2_replay_state(res["cache"], res["layer"].A, sl.to(device))
+    assert rel_err(got, res["ref_rep"][sl]) < state_tol
+    assert res["cache"].cursor.cpu()[sl].tolist() == [res["cursor"][s] for s in sl.tolist()]
+
+
+@pytest.mark.parametrize("shape", [dict(H=24, P=32, N=64, G=3), dict(H=6, P=20, N=16, G=1), dict(H=4, P=8, N=256, G=4)],
+                         ids=lambda s: "H{H}P{P}N{N}G{G}".format(**s))
+def test_shapes_that_are_not_tile_multiples(device, shape):
+    res = run_sequence(device, **shape, L=4, batch=3, num_slots=4, T=11, act_dtype=torch.bfloat16,
+                       state_dtype=torch.float32, gen=make_gen(), join_at=[0, 2, 1])
+    tol = tolerance(torch.bfloat16, torch.float32)
+    assert max(max(e["std"], e["rep"]) for e in res["errs"]) < tol
+
+
+def test_noncontiguous_pool_views(device):
+    res = run_sequence(device, H=4, P=16, N=32, G=2, L=4, batch=3, num_slots=5, T=10, act_dtype=torch.float32,
+                       state_dtype=torch.float32, gen=make_gen(), view_pool=True)
+    assert not res["pool"].is_contiguous() and not res["cache"].checkpoint.is_contiguous()
+    assert max(max(e["std"], e["rep"]) for e in res["errs"]) < tolerance(torch.float32, torch.float32)
+
+
+def test_pad_rows_and_other_slots_untouched_byte_for_byte(device):
+    gen = make_gen()
+    H, P, N, G, L = 4, 8, 32, 2, 4
+    layer = Layer(H, P, G, N, device, gen)
+    num_slots = 6
+    pool = torch.randn(num_slots, H, P, N, generator=gen).to(device)
+    cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=torch.bfloat16, device=device)
+    cache.checkpoint.copy_(pool)
+    for t in (cache.ring_x, cache.ring_B, cache.ring_dt):
+        t.copy_(torch.randn(t.shape, generator=gen))
+    cache.cursor.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))
+    ids = torch.tensor([3, PAD_SLOT, 0, PAD_SLOT], dtype=torch.int32, device=device)
+    untouched = [1, 2, 4, 5]
+    before_pool = pool.clone()
+    before_cache = {k: v.clone() for k, v in vars(cache).items()}
+    for step in range(2 * L):
+        tok = layer.token(4, torch.bfloat16, gen)
+        out = torch.full_like(tok["x"], float("nan"))
+        replayssm.mamba2_step(pool, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"], slot_ids=ids,
+                              out=out, **layer.kwargs())
+        assert torch.isnan(out[[1, 3]]).all() and torch.isfinite(out[[0, 2]]).all()
+        out = torch.full_like(tok["x"], float("nan"))
+        replayssm.mamba2_replay_step(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"],
+                                     slot_ids=ids, out=out, **layer.kwargs())
+        assert torch.isnan(out[[1, 3]]).all() and torch.isfinite(out[[0, 2]]).all()
+    assert torch.equal(pool[untouched], before_pool[untouched])
+    for name, before in before_cache.items():
+        assert torch.equal(getattr(cache, name)[untouched], before[untouched]), name
+
+
+def test_checkpoint_is_written_only_on_fold_steps(device):
+    gen = make_gen()
+    H, P, N, G, L = 4, 8, 32, 2, 5
+    layer = Layer(H, P, G, N, device, gen)
+    cache = Mamba2ReplayCache.allocate(4, H, P, G, N, ring_len=L, act_dtype=torch.float32, device=device)
+    cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen))
+    cache.cursor.copy_(torch.tensor([0, 3, 4, 1], dtype=torch.int32))
+    ids = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=device)
+    folds = 0
+    for step in range(3 * L):
+        tok = layer.token(4, torch.float32, gen)
+        before = cache.checkpoint.clone()
+        cur = cache.cursor.clone().cpu()
+        replayssm.mamba2_replay_step(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], slot_ids=ids,
+                                     **layer.kwargs())
+        for s in range(4):
+            fold = cur[s].item() == L - 1
+            changed = not torch.equal(cache.checkpoint[s], before[s])
+            assert changed == fold, (step, s, cur[s].item())
+            assert cache.cursor[s].item() == (0 if fold else cur[s].item() + 1)
+            folds += fold
+    assert folds == 4 * 3  # every slot folds once per L tokens
+    assert torch.equal(cache.arrivals.cpu(), torch.zeros(4, dtype=torch.int32))
+
+
+def test_reference_replay_form_equals_sequential_recurrence():
+    gen = make_gen()
+    H, P, N, G, w = 6, 5, 7, 3, 9
+    layer = Layer(H, P, G, N, "cpu", gen)
+    ckpt = torch.randn(2, H, P, N, generator=gen, dtype=torch.float64)
+    state = ckpt.clone()
+    toks = [layer.token(2, torch.float64, gen) for _ in range(w + 1)]
+    for tok in toks:
+        y_seq, state = layer.reference_step(state, tok)
+    ring = lambda k: torch.stack([t[k] for t in toks[:w]], 1)
+    dts = torch.stack([R.process_dt(t["dt"], layer.dt_bias, True) for t in toks[:w]], 1)
+    last = toks[w]
+    y_rep, s_rep = R.mamba2_replay(ckpt, ring("x"), ring("B"), dts, last["x"], R.process_dt(last["dt"], layer.dt_bias, True),
+                                   layer.A, last["B"], last["C"], layer.D, last["z"])
+    assert torch.allclose(y_rep, y_seq, rtol=1e-10, atol=1e-12)
+    assert torch.allclose(s_rep, state, rtol=1e-10, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------- API
+
+def _small_args(device, act=torch.float32, L=4, gen=None):
+    gen = gen or make_gen()
+    H, P, N, G = 4, 8, 32, 2
+    layer = Layer(H, P, G, N, device, gen)
+    cache = Mamba2ReplayCache.allocate(3, H, P, G, N, ring_len=L, act_dtype=act, device=device)
+    cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen))
+    tok = layer.token(2, act, gen)
+    ids = torch.tensor([2, 0], dtype=torch.int32, device=device)
+    return layer, cache, tok, ids
+
+
+def _replay_args(layer, cache, tok, ids, out):
+    return (cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, cache.arrivals, tok["x"],
+            tok["dt"], layer.A, tok["B"], tok["C"], layer.D, tok["z"], layer.dt_bias, True, 0.0, float("inf"), ids, out)
+
+
+def test_opcheck(device):
+    layer, cache, tok, ids = _small_args(device)
+    pool = cache.checkpoint.clone()
+    out = torch.empty_like(tok["x"])
+    torch.library.opcheck(torch.ops.replayssm.mamba2_step.default,
+                          (pool, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], layer.D, tok["z"], layer.dt_bias,
+                           True, 0.0, float("inf"), ids, out))
+    torch.library.opcheck(torch.ops.replayssm.mamba2_replay_step.default, _replay_args(layer, cache, tok, ids, out))
+    state = torch.empty(2, *cache.checkpoint.shape[1:], device=device)
+    torch.library.opcheck(torch.ops.replayssm.mamba2_replay_state.default,
+                          (cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, layer.A, ids, state))
+
+
+def test_torch_compile_fullgraph(device):
+    gen = make_gen()
+    layer, cache, _, ids = _small_args(device, gen=gen)
+    twin = Mamba2ReplayCache(**{k: v.clone() for k, v in vars(cache).items()})
+
+    def step(ck, rx, rb, rdt, cur, arr, x, dt, B, C, z, out):
+        torch.ops.replayssm.mamba2_replay_step(ck, rx, rb, rdt, cur, arr, x, dt, layer.A, B, C, layer.D, z,
+                                               layer.dt_bias, True, 0.0, float("inf"), ids, out)
+        return out * 2
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    for _ in range(cache.ring_len + 2):
+        tok = layer.token(2, torch.float32, gen)
+        args = (tok["x"], tok["dt"], tok["B"], tok["C"], tok["z"])
+        got = compiled(*vars(cache).values(), *args, torch.empty_like(tok["x"]))
+        want = step(*vars(twin).values(), *args, torch.empty_like(tok["x"]))
+        assert torch.equal(got, want)
+    for k in vars(cache):
+        assert torch.equal(getattr(cache, k), getattr(twin, k)), k
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+def test_cuda_graph_capture_of_replay_step_matches_eager():
+    gen = make_gen()
+    L = 6
+    layer, cache, tok, ids = _small_args("cuda", act=torch.bfloat16, L=L, gen=gen)
+    cache.cursor.copy_(torch.tensor([0, 2, 5], dtype=torch.int32))  # rows at different cursors
+    twin = Mamba2ReplayCache(**{k: v.clone() for k, v in vars(cache).items()})
+    static = {k: v.clone() for k, v in tok.items()}
+    out = torch.empty_like(tok["x"])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up outside the graph on a scratch copy
+        scratch = Mamba2ReplayCache(**{k: v.clone() for k, v in vars(cache).items()})
+        replayssm.mamba2_replay_step(scratch, static["x"], static["dt"], layer.A, static["B"], static["C"],
+                                     z=static["z"], slot_ids=ids, out=out, **layer.kwargs())
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayssm.mamba2_replay_step(cache, static["x"], static["dt"], layer.A, static["B"], static["C"],
+                                     z=static["z"], slot_ids=ids, out=out, **layer.kwargs())
+    for _ in range(3 * L):
+        tok = layer.token(2, torch.bfloat16, gen)
+        for k in static:
+            static[k].copy_(tok[k])
+        graph.replay()
+        want = replayssm.mamba2_replay_step(twin, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"],
+                                            slot_ids=ids, **layer.kwargs())
+        assert torch.equal(out, want)
+    for k in vars(cache):
+        assert torch.equal(getattr(cache, k), getattr(twin, k)), k
+
+
+def test_bad_inputs_raise_clear_errors(device):
+    layer, cache, tok, ids = _small_args(device)
+    out = torch.empty_like(tok["x"])
+    good = _replay_args(layer, cache, tok, ids, out)
+    op = torch.ops.replayssm.mamba2_replay_step
+
+    def call(**changes):
+        names = ["checkpoint", "ring_x", "ring_B", "ring_dt", "cursor", "arrivals", "x", "dt", "A", "B", "C", "D", "z",
+                 "dt_bias", "dt_softplus", "dt_min", "dt_max", "slot_ids", "out"]
+        args = dict(zip(names, good))
+        args.update(changes)
+        op(*args.values())
+
+    with pytest.raises(ValueError, match="A must have dtype Float"):
+        call(A=layer.A.to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"C must have shape \(2, 2, 32\)"):
+        call(C=tok["C"][:, :, :16])
+    with pytest.raises(ValueError, match="x must be contiguous in its last dimension"):
+        call(x=tok["x"].transpose(1, 2).contiguous().transpose(1, 2))
+    with pytest.raises(ValueError, match="cursor must have dtype Int"):
+        call(cursor=cache.cursor.long())
+    with pytest.raises(ValueError, match="slot_ids must be int32 or int64"):
+        call(slot_ids=ids.float())
+    with pytest.raises(ValueError, match="dt_min"):
+        call(dt_min=1.0, dt_max=0.5)
+    bad_L = Mamba2ReplayCache.allocate(3, 4, 8, 2, 32, ring_len=2, device=device, act_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"ring_len \(ring_x.size\(1\)\) must be in \[2, 64\]"):
+        call(ring_x=bad_L.ring_x[:, :1])
+    with pytest.raises(ValueError, match="ring_len must be in"):
+        Mamba2ReplayCache.allocate(3, 4, 8, 2, 32, ring_len=65)
+    if device == "cpu":
+        with pytest.raises(IndexError, match=r"slot_ids\[1\] = 3 is out of range"):
+            call(slot_ids=torch.tensor([0, 3], dtype=torch.int32))
+        with pytest.raises(ValueError, match="must not repeat a slot"):
+            call(slot_ids=torch.tensor([1, 1], dtype=torch.int32))
+    else:
+        with pytest.raises(ValueError, match="x must be on cuda"):
+            call(B=tok["B"].cpu())
+        with pytest.raises(ValueError, match="dstate"):
+            odd = Mamba2ReplayCache.allocate(3, 4, 8, 2, 24, device=device, act_dtype=torch.float32)
+            replayssm.mamba2_replay_step(odd, tok["x"], tok["dt"], layer.A, tok["B"][..., :24].contiguous(),
+                                         tok["C"][..., :24].contiguous(), slot_ids=ids)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+def test_cuda_out_of_range_slot_is_a_device_assert_not_a_wild_write():
+    # A device-side assert poisons the CUDA context, so it runs in a child process.
+    code = textwrap.dedent("""
+        import torch, replayssm
+        state = torch.zeros(2, 4, 8, 32, device="cuda")
+        x = torch.randn(1, 4, 8, device="cuda")
+        B = torch.randn(1, 2, 32, device="cuda")
+        replayssm.mamba2_step(state, x, torch.randn(1, 4, device="cuda"), -torch.ones(4, device="cuda"), B, B,
+                              slot_ids=torch.tensor([7], dtype=torch.int32, device="cuda"))
+        torch.cuda.synchronize()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ))
+    assert proc.returncode != 0
+    assert "slot_ids[0] = 7 is out of range" in proc.stdout + proc.stderr

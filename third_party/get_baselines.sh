@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Fetches the baselines that bench/ compares against into third_party/.cache (ignored by git), on a machine
+# that reaches PyPI. Nothing of them is committed; the GPU machine gets the folder by copy.
+#   mamba_ssm 2.3.2.post1: only its Triton selective_state_update (Mamba-2 standard decode). Its package
+#   __init__ needs the CUDA build, so the two Triton modules are laid out under a bare package skeleton.
+set -euo pipefail
+cd "$(dirname "$0")"
+MAMBA_SSM_VERSION=2.3.2.post1
+CACHE=.cache
+PY=${PYTHON:-python3}
+mkdir -p "$CACHE/downloads"
+if [ ! -f "$CACHE/mamba_ssm_triton/mamba_ssm/ops/triton/selective_state_update.py" ]; then
+  MAMBA_SKIP_CUDA_BUILD=TRUE "$PY" -m pip download --no-deps --no-build-isolation --no-binary :all: \
+    "mamba_ssm==$MAMBA_SSM_VERSION" -d "$CACHE/downloads" >/dev/null
+  tmp=$(mktemp -d)
+  tar -xzf "$CACHE/downloads/mamba_ssm-$MAMBA_SSM_VERSION.tar.gz" -C "$tmp"
+  dst="$CACHE/mamba_ssm_triton/mamba_ssm/ops/triton"
+  mkdir -p "$dst"
+  cp "$tmp/mamba_ssm-$MAMBA_SSM_VERSION/mamba_ssm/ops/triton/"{selective_state_update.py,softplus.py} "$dst/"
+  cp "$tmp/mamba_ssm-$MAMBA_SSM_VERSION/LICENSE" "$CACHE/mamba_ssm_triton/" 2>/dev/null || true
+  touch "$CACHE/mamba_ssm_triton/mamba_ssm/__init__.py" "$CACHE/mamba_ssm_triton/mamba_ssm/ops/__init__.py" \
+        "$dst/__init__.py"
+  rm -rf "$tmp"
+fi
+echo "baselines in third_party/$CACHE: mamba_ssm $MAMBA_SSM_VERSION (Triton selective_state_update)"
