@@ -31,7 +31,8 @@ from torch.utils import cpp_extension  # noqa: E402
 with_cuda = cpp_extension.CUDA_HOME is not None and os.environ.get("REPLAYSSM_NO_CUDA", "0") != "1"
 
 sources = ["csrc/registration.cpp"] + sorted(glob.glob("csrc/*/*.cpp"))
-cxx_flags = ["-O3", "-std=c++20"]
+CXX_STD = os.environ.get("REPLAYSSM_CXX_STD", "20")  # torch >= 2.13 headers need C++20
+cxx_flags = ["-O3", f"-std=c++{CXX_STD}"]
 define_macros = []
 if with_cuda:
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
@@ -43,7 +44,7 @@ if with_cuda:
         define_macros=define_macros,
         extra_compile_args={
             "cxx": cxx_flags,
-            "nvcc": ["-O3", "-std=c++20", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas=-warn-spills"],
+            "nvcc": ["-O3", f"-std=c++{CXX_STD}", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas=-warn-spills"],
         },
     )
 else:

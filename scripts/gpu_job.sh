@@ -8,6 +8,10 @@ OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 STEPS=${*:-build test demo bench ncu}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+# The H200 image's default g++ (/opt/gcc wrapper) links objects whose C++ exceptions crash the process when
+# thrown through torch's dispatcher (seen 2026-11-29: every validation error segfaulted); the system
+# compiler's objects raise them properly. nvcc takes its host compiler from CC too.
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 status=0
 run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures
   local name=$1; shift
@@ -22,7 +26,7 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures
 }
 for step in $STEPS; do
   case $step in
-    build) run build python3 -m pip install -e . --no-build-isolation --no-deps -v || exit 1 ;;
+    build) rm -rf build replayssm/_C*.so; run build python3 -m pip install -e . --no-build-isolation --no-deps -v || exit 1 ;;
     test) run test python3 -m pytest -q -rs tests ;;
     sanitize) run sanitize compute-sanitizer --tool memcheck --target-processes all python3 -m pytest -q -x tests -m cuda -k "not out_of_range" ;;
     demo) run demo python3 -m replayssm demo ;;

@@ -48,5 +48,7 @@ class Layer:
                     z=rnd(batch, H, P) if self.with_z else None)
 
     def reference_step(self, state64, tok):
-        dt = R.process_dt(tok["dt"], self.dt_bias, self.dt_softplus)
-        return R.mamba2_step(state64, tok["x"], dt, self.A, tok["B"], tok["C"], self.D, tok["z"])
+        """The float64 reference step on the CPU (tok's tensors on the CPU)."""
+        cpu = lambda t: None if t is None else t.cpu()
+        dt = R.process_dt(tok["dt"], cpu(self.dt_bias), self.dt_softplus)
+        return R.mamba2_step(state64, tok["x"], dt, cpu(self.A), tok["B"], tok["C"], cpu(self.D), tok["z"])

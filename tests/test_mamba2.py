@@ -311,7 +311,7 @@ def test_bad_inputs_raise_clear_errors(device):
         with pytest.raises(ValueError, match="must not repeat a slot"):
             call(slot_ids=torch.tensor([1, 1], dtype=torch.int32))
     else:
-        with pytest.raises(ValueError, match="x must be on cuda"):
+        with pytest.raises(ValueError, match="B must be on cuda:0 \\(like x\\), got cpu"):
             call(B=tok["B"].cpu())
         with pytest.raises(ValueError, match="dstate"):
             odd = Mamba2ReplayCache.allocate(3, 4, 8, 2, 24, device=device, act_dtype=torch.float32)

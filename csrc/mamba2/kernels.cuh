@@ -43,14 +43,34 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
 
-  const int g = h / (p.nheads / p.ngroups);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane_in_row = lane % Layout::kLanesPerRow, row_in_warp = lane / Layout::kLanesPerRow;
+  const int row_begin = blockIdx.x * rows_per_block;
+  const int row_end = min(p.headdim, row_begin + rows_per_block);
+  state_t* S = static_cast<state_t*>(p.state) + slot * p.state_slot_stride + h * p.state_head_stride;
   const act_t* x = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + h * p.x_head_stride;
+  auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
+  float s[kUnroll][Layout::kColsPerLane];
+  float xv[kUnroll];
+  auto load_rows = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = row_of(base, u);
+      if (r < row_end) {
+#pragma unroll
+        for (int v = 0; v < Layout::kVecsPerLane; ++v)
+          load16_stream(S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0),
+                        *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+        xv[u] = to_float(x[r]);
+      }
+    }
+  };
+  load_rows(row_begin);  // the state needs only the slot: in flight while dt, B and C arrive
+
+  const int g = h / (p.nheads / p.ngroups);
   const float dt = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
                               p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
   const float decay = expf(dt * p.A[h]);
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int lane_in_row = lane % Layout::kLanesPerRow, row_in_warp = lane / Layout::kLanesPerRow;
   float Bv[Layout::kColsPerLane], Cv[Layout::kColsPerLane];
   {
     const act_t* Bp = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
@@ -64,26 +84,11 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
       }
   }
 
-  state_t* S = static_cast<state_t*>(p.state) + slot * p.state_slot_stride + h * p.state_head_stride;
-  const int row_begin = blockIdx.x * rows_per_block;
-  const int row_end = min(p.headdim, row_begin + rows_per_block);
   for (int base = row_begin; base < row_end; base += Layout::kRowsPerIter) {
-    float s[kUnroll][Layout::kColsPerLane];
-    float xv[kUnroll];
+    if (base != row_begin) load_rows(base);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int r = base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp;
-      if (r < row_end) {
-#pragma unroll
-        for (int v = 0; v < Layout::kVecsPerLane; ++v)
-          load16_stream(S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0),
-                        *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
-        xv[u] = to_float(x[r]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int r = base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp;
+      const int r = row_of(base, u);
       float y = 0.f;
       if (r < row_end) {
 #pragma unroll
@@ -138,71 +143,101 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
 // Reads S_c (|S|) once; writes it only when the ring is full (fold: S_c <- S_t, cursor <- 0). Otherwise
 // the token is appended to the ring (x, B, dt) and the cursor advances.
 // Grid (row chunks of a group, G, batch), where a group's rows are its heads' (head, p) rows, so that
-// (B_j . C_t) is computed once per block for all the heads the block covers, not once per head.
-// Phases: A) per-block scalars into shared memory (C_t, B.C per ring token, per-head decays);
-//         B) stream S_c rows: S_c C_t per row (and at a fold the new checkpoint row);
-//         C) one thread per row: the ring sum, the gate, the output, the ring append.
-// The cursor is advanced by the last block of a row to arrive (a per-slot counter), after every block of
-// that row has read it: one launch, no host sync, graph-capturable.
+// (B_j . C_t) is computed once per block for all the heads the block covers (a whole group at serving
+// batch sizes), not once per head. Each row is one lane group (RowLayout): its lanes hold the row's
+// checkpoint vectors and, spread over the same lanes, the row's ring values x_j[p]; one group sum gives
+// y. So the ring is read in the same pass as the checkpoint, and at a fold the lanes exchange x_j by
+// shuffles. Latency: the first rows' checkpoint loads are issued before anything else (they need only the
+// slot), the ring loads as soon as the cursor is known, and the block scalars are computed while they fly.
+// The cursor is advanced by the last block of the slot to finish (a per-slot arrival counter): every block
+// read it at its start, so one launch suffices, with no host sync; graph-capturable.
 struct ReplaySmem {
-  int C, bc, Bs, dts, wdt, decay, sc, total;  // offsets in floats
-  __host__ __device__ ReplaySmem(int dstate, int ring_len, int max_heads, int rows) {
+  int C, Bs, dts, wdt, wbc, decay, bc, total;  // offsets in floats
+  __host__ __device__ ReplaySmem(int dstate, int ring_len, int max_heads) {
     C = 0;
-    bc = C + dstate;
-    Bs = bc + ring_len;
-    dts = Bs + ring_len * dstate;
-    wdt = dts + max_heads * ring_len;
-    decay = wdt + max_heads * ring_len;
-    sc = decay + max_heads;
-    total = sc + rows;
+    Bs = C + dstate;                    // [j][n] B_j (fold only)
+    dts = Bs + ring_len * dstate;       // [head][j] dt_j
+    wdt = dts + max_heads * ring_len;   // [head][j] exp(c_t - c_j) dt_j
+    wbc = wdt + max_heads * ring_len;   // [head][j] exp(c_t - c_j) dt_j (B_j . C_t)
+    decay = wbc + max_heads * ring_len; // [head] exp(c_t)
+    bc = decay + max_heads;             // [j] B_j . C_t
+    total = bc + ring_len;
   }
 };
 
 template <typename ckpt_t, typename act_t, int kN, int kThreads, int kUnroll>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2048 / kThreads / 2)
     mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads) {
   using Layout = RowLayout<ckpt_t, kN, kThreads, kUnroll>;
+  constexpr int kLanes = Layout::kLanesPerRow;
+  constexpr int kRingPerLane = (kMaxRing + kLanes - 1) / kLanes;  // ring positions a lane may hold
   const Mamba2ReplayCacheParams& c = p.cache;
   const int b = blockIdx.z, g = blockIdx.y;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
 
-  extern __shared__ float smem[];
-  const ReplaySmem off(kN, c.ring_len, max_heads, rows_per_block);
-  float* C_s = smem + off.C;
-  float* bc = smem + off.bc;      // [j] = B_j . C_t, j = 0..w
-  float* Bs = smem + off.Bs;      // [j][n] = B_j (fold only)
-  float* dts = smem + off.dts;    // [head][j] = dt_j
-  float* wdt = smem + off.wdt;    // [head][j] = exp(c_t - c_j) dt_j
-  float* decay = smem + off.decay;  // [head] = exp(c_t)
-  float* sc = smem + off.sc;      // [row] = S_c C_t
-  __shared__ int w_shared;
-
-  if (threadIdx.x == 0) {
-    const int w = c.cursor[slot];
-    RSSM_DEVICE_CHECK(w >= 0 && w < c.ring_len, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-    w_shared = w;
-    __threadfence();  // this block's read of the cursor happens before its arrival is counted
-    const int blocks_per_row = gridDim.x * gridDim.y;
-    if (atomicAdd(&c.arrivals[slot], 1) == blocks_per_row - 1) {
-      c.arrivals[slot] = 0;
-      c.cursor[slot] = next_cursor(w, c.ring_len);
-    }
-  }
-  __syncthreads();
-  const int w = w_shared;
-  const bool fold = is_fold_step(w, c.ring_len);
-
   const int heads_per_group = p.nheads / p.ngroups;
   const int row_begin = blockIdx.x * rows_per_block;
   const int row_end = min(heads_per_group * p.headdim, row_begin + rows_per_block);
-  const int head_begin = row_begin / p.headdim;           // local head index within the group
+  const int head_begin = row_begin / p.headdim;  // local head index within the group
   const int nheads_block = (row_end - 1) / p.headdim - head_begin + 1;
-  const int h0 = g * heads_per_group + head_begin;        // first global head of the block
+  const int h0 = g * heads_per_group + head_begin;  // first global head of the block
   const int L = c.ring_len;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
+  const ckpt_t* ckpt_group =
+      static_cast<const ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(g) * heads_per_group * c.ckpt_head_stride;
+  auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
+  auto ckpt_row = [&](int r) { return ckpt_group + (r / p.headdim) * c.ckpt_head_stride + (r % p.headdim) * c.ckpt_row_stride; };
 
-  // ---- Phase A: block scalars.
+  float s[kUnroll][Layout::kColsPerLane];
+  auto load_ckpt = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = row_of(base, u);
+      if (r < row_end)
+#pragma unroll
+        for (int v = 0; v < Layout::kVecsPerLane; ++v)
+          load16_stream(ckpt_row(r) + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+    }
+  };
+  load_ckpt(row_begin);  // in flight while the cursor and the block scalars are fetched
+
+  const int w = c.cursor[slot];
+  RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+  const bool fold = is_fold_step(w, L);
+
+  // Ring values of the rows: lane l of a row holds x_j[p] for j = l, l + kLanes, ... (j <= w; j == w is x_t).
+  const act_t* ring_x = static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride;
+  const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride;
+  float xr[kUnroll][kRingPerLane];
+  auto load_ring = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = row_of(base, u);
+      const int h = h0 + r / p.headdim - head_begin, i = r % p.headdim;
+#pragma unroll
+      for (int k = 0; k < kRingPerLane; ++k) {
+        const int j = k * kLanes + lane_in_row;
+        xr[u][k] = 0.f;
+        if (r < row_end && j <= w)
+          xr[u][k] = to_float(j < w ? ring_x[j * c.ring_x_pos_stride + h * c.ring_x_head_stride + i] : x_t[h * p.x_head_stride + i]);
+      }
+    }
+  };
+  load_ring(row_begin);
+
+  // ---- Block scalars.
+  extern __shared__ float smem[];
+  const ReplaySmem off(kN, L, max_heads);
+  float* C_s = smem + off.C;
+  float* Bs = smem + off.Bs;
+  float* dts = smem + off.dts;
+  float* wdt = smem + off.wdt;
+  float* wbc = smem + off.wbc;
+  float* decay = smem + off.decay;
+  float* bc = smem + off.bc;
   const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
   const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
   const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
@@ -219,15 +254,12 @@ __global__ void __launch_bounds__(kThreads)
                                          p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
   }
   __syncthreads();
-  {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int j = warp; j <= w; j += Layout::kWarps) {
-      const act_t* Bj = j < w ? ring_B + j * c.ring_B_pos_stride : Bt;
-      float acc = 0.f;
-      for (int n = lane; n < kN; n += 32) acc = fmaf(to_float(Bj[n]), C_s[n], acc);
-      acc = group_sum<32>(acc);
-      if (lane == 0) bc[j] = acc;
-    }
+  for (int j = warp; j <= w; j += Layout::kWarps) {
+    const act_t* Bj = j < w ? ring_B + j * c.ring_B_pos_stride : Bt;
+    float acc = 0.f;
+    for (int n = lane; n < kN; n += 32) acc = fmaf(to_float(Bj[n]), C_s[n], acc);
+    acc = group_sum<32>(acc);
+    if (lane == 0) bc[j] = acc;
   }
   if (threadIdx.x < nheads_block) {
     const int hl = threadIdx.x;
@@ -237,91 +269,107 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j <= w; ++j) w_row[j] *= dt_row[j];
   }
   __syncthreads();
+  for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
+    const int hl = idx / (w + 1), j = idx % (w + 1);
+    wbc[hl * L + j] = wdt[hl * L + j] * bc[j];
+  }
+  __syncthreads();
 
-  // ---- Phase B: stream the checkpoint rows of this block.
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int lane_in_row = lane % Layout::kLanesPerRow, row_in_warp = lane / Layout::kLanesPerRow;
   float Cv[Layout::kColsPerLane];
 #pragma unroll
   for (int v = 0; v < Layout::kVecsPerLane; ++v)
 #pragma unroll
     for (int e = 0; e < Layout::kVec; ++e) Cv[v * Layout::kVec + e] = C_s[Layout::col(lane_in_row, v, e)];
 
-  ckpt_t* ckpt_group = static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(g) * heads_per_group * c.ckpt_head_stride;
-  const act_t* ring_x = static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride;
-  const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride;
+  // ---- Stream the block's rows.
+  ckpt_t* ckpt_out = static_cast<ckpt_t*>(c.checkpoint);
+  act_t* ring_x_w = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride;
   for (int base = row_begin; base < row_end; base += Layout::kRowsPerIter) {
-    float s[kUnroll][Layout::kColsPerLane];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int r = base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp;
-      if (r < row_end) {
-        const ckpt_t* row = ckpt_group + (r / p.headdim) * c.ckpt_head_stride + (r % p.headdim) * c.ckpt_row_stride;
-#pragma unroll
-        for (int v = 0; v < Layout::kVecsPerLane; ++v)
-          load16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
-      }
+    if (base != row_begin) {
+      load_ckpt(base);
+      load_ring(base);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int r = base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp;
-      float y = 0.f;
+      const int r = row_of(base, u);
+      const bool valid = r < row_end;
+      const int hl = valid ? r / p.headdim - head_begin : 0, i = r % p.headdim, h = h0 + hl;
+      float sc = 0.f;
 #pragma unroll
-      for (int col = 0; col < Layout::kColsPerLane; ++col) y = fmaf(s[u][col], Cv[col], y);
-      y = group_sum<Layout::kLanesPerRow>(y);
-      if (r < row_end && lane_in_row == 0) sc[r - row_begin] = y;
-      if (fold && r < row_end) {
-        // New checkpoint row: exp(c_t) S_c + sum_j exp(c_t - c_j) dt_j x_j[p] B_j.
-        const int hl = r / p.headdim - head_begin, i = r % p.headdim, h = h0 + hl;
+      for (int col = 0; col < Layout::kColsPerLane; ++col) sc = fmaf(s[u][col], Cv[col], sc);
+      float y = decay[hl] * sc;
+#pragma unroll
+      for (int k = 0; k < kRingPerLane; ++k) {
+        const int j = k * kLanes + lane_in_row;
+        if (j <= w) y = fmaf(wbc[hl * L + j], xr[u][k], y);
+      }
+      y = group_sum<kLanes>(y);
+      if (valid && lane_in_row == 0) {
+        const float x = to_float(x_t[h * p.x_head_stride + i]);
+        if (p.D) y = fmaf(p.D[h], x, y);
+        if (p.z) y *= silu(to_float(static_cast<const act_t*>(p.z)[b * p.z_batch_stride + h * p.z_head_stride + i]));
+        static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + i] = from_float<act_t>(y);
+        if (!fold) ring_x_w[h * c.ring_x_head_stride + i] = x_t[h * p.x_head_stride + i];
+      }
+      if (fold) {
+        // New checkpoint row: exp(c_t) S_c + sum_j exp(c_t - c_j) dt_j x_j[p] B_j; x_j comes from the lane
+        // of this row that holds it.
         const float dcy = decay[hl];
 #pragma unroll
         for (int col = 0; col < Layout::kColsPerLane; ++col) s[u][col] *= dcy;
-        for (int j = 0; j <= w; ++j) {
-          const float xj = to_float(j < w ? ring_x[j * c.ring_x_pos_stride + h * c.ring_x_head_stride + i]
-                                          : x_t[h * p.x_head_stride + i]);
-          const float coef = wdt[hl * L + j] * xj;
-          const float* Bj = Bs + j * kN;
+#pragma unroll
+        for (int k = 0; k < kRingPerLane; ++k) {
+          for (int l = 0; l < kLanes; ++l) {
+            const int j = k * kLanes + l;
+            if (j > w) break;  // uniform across the warp: w is the slot's
+            const float xj = __shfl_sync(0xffffffffu, xr[u][k], row_in_warp * kLanes + l);
+            const float coef = wdt[hl * L + j] * xj;
+            const float* Bj = Bs + j * kN;
+#pragma unroll
+            for (int v = 0; v < Layout::kVecsPerLane; ++v)
+#pragma unroll
+              for (int e = 0; e < Layout::kVec; ++e)
+                s[u][v * Layout::kVec + e] = fmaf(coef, Bj[Layout::col(lane_in_row, v, e)], s[u][v * Layout::kVec + e]);
+          }
+        }
+        if (valid) {
+          ckpt_t* row = ckpt_out + (ckpt_row(r) - static_cast<const ckpt_t*>(c.checkpoint));
 #pragma unroll
           for (int v = 0; v < Layout::kVecsPerLane; ++v)
-#pragma unroll
-            for (int e = 0; e < Layout::kVec; ++e)
-              s[u][v * Layout::kVec + e] = fmaf(coef, Bj[Layout::col(lane_in_row, v, e)], s[u][v * Layout::kVec + e]);
+            store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
         }
-        ckpt_t* row = ckpt_group + (r / p.headdim) * c.ckpt_head_stride + i * c.ckpt_row_stride;
-#pragma unroll
-        for (int v = 0; v < Layout::kVecsPerLane; ++v)
-          store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
       }
     }
   }
-  __syncthreads();
 
-  // ---- Phase C: outputs and the ring append, one thread per row.
-  act_t* ring_x_w = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride;
-  for (int r = row_begin + threadIdx.x; r < row_end; r += kThreads) {
-    const int hl = r / p.headdim - head_begin, i = r % p.headdim, h = h0 + hl;
-    const float* w_row = wdt + hl * L;
-    const act_t x_raw = x_t[h * p.x_head_stride + i];
-    const float x = to_float(x_raw);
-    float y = fmaf(decay[hl], sc[r - row_begin], w_row[w] * bc[w] * x);
-    for (int j = 0; j < w; ++j) y = fmaf(w_row[j] * bc[j], to_float(ring_x[j * c.ring_x_pos_stride + h * c.ring_x_head_stride + i]), y);
-    if (p.D) y = fmaf(p.D[h], x, y);
-    if (p.z) y *= silu(to_float(static_cast<const act_t*>(p.z)[b * p.z_batch_stride + h * p.z_head_stride + i]));
-    static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + i] = from_float<act_t>(y);
-    if (!fold) {
-      ring_x_w[h * c.ring_x_head_stride + i] = x_raw;
-      if (i == 0) c.ring_dt[slot * c.ring_dt_slot_stride + w * c.ring_dt_pos_stride + h] = dts[hl * L + w];
+  if (!fold) {
+    if (blockIdx.x == 0) {
+      act_t* ring_B_w = static_cast<act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + w * c.ring_B_pos_stride + g * c.ring_B_group_stride;
+      for (int n = threadIdx.x; n < kN; n += kThreads) ring_B_w[n] = Bt[n];
     }
+    for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads)
+      if ((head_begin + hl) * p.headdim >= row_begin)  // the block holding the head's first row writes its dt
+        c.ring_dt[slot * c.ring_dt_slot_stride + w * c.ring_dt_pos_stride + h0 + hl] = dts[hl * L + w];
   }
-  if (!fold && blockIdx.x == 0) {
-    act_t* ring_B_w = static_cast<act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + w * c.ring_B_pos_stride + g * c.ring_B_group_stride;
-    for (int n = threadIdx.x; n < kN; n += kThreads) ring_B_w[n] = Bt[n];
+  // Count this block in; the slot's last block advances the cursor (all blocks read it at their start).
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&c.arrivals[slot], 1) == gridDim.x * gridDim.y - 1) {
+      c.arrivals[slot] = 0;
+      c.cursor[slot] = next_cursor(w, L);
+    }
   }
 }
 
 template <typename ckpt_t, typename act_t, int kN>
 void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
-  constexpr int kThreads = 256, kUnroll = 4;
+  // Up to four rows in flight per thread, fewer where a lane's share of a row (its checkpoint columns or
+  // its ring values) is large, so that the registers hold them without spilling.
+  using Probe = RowLayout<ckpt_t, kN, 256, 1>;
+  constexpr int kRingPerLane = (kMaxRing + Probe::kLanesPerRow - 1) / Probe::kLanesPerRow;
+  constexpr int kFit = std::min(16 / Probe::kColsPerLane, 16 / kRingPerLane);
+  constexpr int kThreads = 256, kUnroll = kFit < 1 ? 1 : (kFit > 4 ? 4 : kFit);
   using Layout = RowLayout<ckpt_t, kN, kThreads, kUnroll>;
   // Rows of a group per block: whole groups (B.C once per group) unless that leaves SMs idle; then
   // smaller chunks, down to one iteration of the row loop.
@@ -335,7 +383,7 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
   const int rows_per_block = static_cast<int>(std::min<int64_t>(rows, cap));
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
   const int max_heads = std::min((rows_per_block + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups);
-  const ReplaySmem off(kN, p.cache.ring_len, max_heads, rows_per_block);
+  const ReplaySmem off(kN, p.cache.ring_len, max_heads);
   const size_t smem_bytes = size_t(off.total) * sizeof(float);
   auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kUnroll>;
   if (smem_bytes > 48 * 1024)
