@@ -15,12 +15,12 @@
 
 namespace replayssm {
 
-template <typename state_t, int kN, int kThreads, int kUnroll>
+template <typename state_t, int kN, int kThreads, int kUnroll, int kMaxLanes = 32>
 struct RowLayout {
   static constexpr int kVec = 16 / sizeof(state_t);  // elements per 16-byte access
   static_assert(kN % kVec == 0, "dstate must be a multiple of the 16-byte vector");
   static constexpr int kVecsPerRow = kN / kVec;
-  static constexpr int kLanesPerRow = kVecsPerRow < 32 ? kVecsPerRow : 32;
+  static constexpr int kLanesPerRow = kVecsPerRow < kMaxLanes ? kVecsPerRow : kMaxLanes;
   static constexpr int kVecsPerLane = kVecsPerRow / kLanesPerRow;
   static constexpr int kColsPerLane = kVecsPerLane * kVec;
   static constexpr int kRowsPerWarp = 32 / kLanesPerRow;
@@ -51,12 +51,14 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   const act_t* x = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + h * p.x_head_stride;
   auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
   float s[kUnroll][Layout::kColsPerLane];
-  float xv[kUnroll];
+  float xv[kUnroll], zv[kUnroll];
+  const act_t* z = static_cast<const act_t*>(p.z) + b * p.z_batch_stride + h * p.z_head_stride;
   auto load_rows = [&](int base) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
       if (r < row_end) {
+        if (p.z && lane_in_row == 0) zv[u] = to_float(z[r]);  // fetched with the row: the output never waits
 #pragma unroll
         for (int v = 0; v < Layout::kVecsPerLane; ++v)
           load16_stream(S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0),
@@ -104,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
       y = group_sum<Layout::kLanesPerRow>(y);
       if (r < row_end && lane_in_row == 0) {
         if (p.D) y = fmaf(p.D[h], xv[u], y);
-        if (p.z) y *= silu(to_float(static_cast<const act_t*>(p.z)[b * p.z_batch_stride + h * p.z_head_stride + r]));
+        if (p.z) y *= silu(zv[u]);
         static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + r] = from_float<act_t>(y);
       }
     }
@@ -155,7 +157,7 @@ struct ReplaySmem {
   int C, Bs, dts, wdt, wbc, decay, bc, total;  // offsets in floats
   __host__ __device__ ReplaySmem(int dstate, int ring_len, int max_heads) {
     C = 0;
-    Bs = C + dstate;                    // [j][n] B_j (fold only)
+    Bs = C + dstate;                    // [j][n] B_j
     dts = Bs + ring_len * dstate;       // [head][j] dt_j
     wdt = dts + max_heads * ring_len;   // [head][j] exp(c_t - c_j) dt_j
     wbc = wdt + max_heads * ring_len;   // [head][j] exp(c_t - c_j) dt_j (B_j . C_t)
@@ -165,12 +167,15 @@ struct ReplaySmem {
   }
 };
 
-template <typename ckpt_t, typename act_t, int kN, int kThreads, int kUnroll>
-__global__ void __launch_bounds__(kThreads, 2048 / kThreads / 2)
+// A row has at most 8 lanes: each lane then holds several 16-byte vectors of it, so that the index math,
+// the ring values and the group sum are paid once per 64+ bytes, not per 16 (with a whole warp on a row
+// this kernel was instruction-bound at ~1 TB/s). kRingMax bounds the ring length (16 or 64).
+template <typename ckpt_t, typename act_t, int kN, int kThreads, int kUnroll, int kRingMax>
+__global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads) {
-  using Layout = RowLayout<ckpt_t, kN, kThreads, kUnroll>;
+  using Layout = RowLayout<ckpt_t, kN, kThreads, kUnroll, 8>;
   constexpr int kLanes = Layout::kLanesPerRow;
-  constexpr int kRingPerLane = (kMaxRing + kLanes - 1) / kLanes;  // ring positions a lane may hold
+  constexpr int kRingPerLane = (kRingMax + kLanes - 1) / kLanes;  // ring positions a lane may hold
   const Mamba2ReplayCacheParams& c = p.cache;
   const int b = blockIdx.z, g = blockIdx.y;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
@@ -211,12 +216,19 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads / 2)
   // Ring values of the rows: lane l of a row holds x_j[p] for j = l, l + kLanes, ... (j <= w; j == w is x_t).
   const act_t* ring_x = static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride;
   const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride;
+  const act_t* z_t = static_cast<const act_t*>(p.z) + b * p.z_batch_stride;
   float xr[kUnroll][kRingPerLane];
+  act_t xt[kUnroll];  // lane 0 of a row: x_t[p] and z[p], fetched with the row so the output never waits
+  float zt[kUnroll];
   auto load_ring = [&](int base) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
       const int h = h0 + r / p.headdim - head_begin, i = r % p.headdim;
+      if (r < row_end && lane_in_row == 0) {
+        xt[u] = x_t[h * p.x_head_stride + i];
+        zt[u] = p.z ? to_float(z_t[h * p.z_head_stride + i]) : 0.f;
+      }
 #pragma unroll
       for (int k = 0; k < kRingPerLane; ++k) {
         const int j = k * kLanes + lane_in_row;
@@ -242,8 +254,7 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads / 2)
   const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
   const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
   for (int n = threadIdx.x; n < kN; n += kThreads) C_s[n] = to_float(Ct[n]);
-  if (fold)
-    for (int idx = threadIdx.x; idx < (w + 1) * kN; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < (w + 1) * kN; idx += kThreads) {  // B_j, for B.C and the fold
       const int j = idx / kN, n = idx % kN;
       Bs[idx] = to_float(j < w ? ring_B[j * c.ring_B_pos_stride + n] : Bt[n]);
     }
@@ -255,9 +266,8 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads / 2)
   }
   __syncthreads();
   for (int j = warp; j <= w; j += Layout::kWarps) {
-    const act_t* Bj = j < w ? ring_B + j * c.ring_B_pos_stride : Bt;
     float acc = 0.f;
-    for (int n = lane; n < kN; n += 32) acc = fmaf(to_float(Bj[n]), C_s[n], acc);
+    for (int n = lane; n < kN; n += 32) acc = fmaf(Bs[j * kN + n], C_s[n], acc);
     acc = group_sum<32>(acc);
     if (lane == 0) bc[j] = acc;
   }
@@ -305,11 +315,10 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads / 2)
       }
       y = group_sum<kLanes>(y);
       if (valid && lane_in_row == 0) {
-        const float x = to_float(x_t[h * p.x_head_stride + i]);
-        if (p.D) y = fmaf(p.D[h], x, y);
-        if (p.z) y *= silu(to_float(static_cast<const act_t*>(p.z)[b * p.z_batch_stride + h * p.z_head_stride + i]));
+        if (p.D) y = fmaf(p.D[h], to_float(xt[u]), y);
+        if (p.z) y *= silu(zt[u]);
         static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + i] = from_float<act_t>(y);
-        if (!fold) ring_x_w[h * c.ring_x_head_stride + i] = x_t[h * p.x_head_stride + i];
+        if (!fold) ring_x_w[h * c.ring_x_head_stride + i] = xt[u];
       }
       if (fold) {
         // New checkpoint row: exp(c_t) S_c + sum_j exp(c_t - c_j) dt_j x_j[p] B_j; x_j comes from the lane
@@ -362,15 +371,16 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads / 2)
   }
 }
 
-template <typename ckpt_t, typename act_t, int kN>
+template <typename ckpt_t, typename act_t, int kN, int kRingMax>
 void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
-  // Up to four rows in flight per thread, fewer where a lane's share of a row (its checkpoint columns or
-  // its ring values) is large, so that the registers hold them without spilling.
-  using Probe = RowLayout<ckpt_t, kN, 256, 1>;
-  constexpr int kRingPerLane = (kMaxRing + Probe::kLanesPerRow - 1) / Probe::kLanesPerRow;
-  constexpr int kFit = std::min(16 / Probe::kColsPerLane, 16 / kRingPerLane);
-  constexpr int kThreads = 256, kUnroll = kFit < 1 ? 1 : (kFit > 4 ? 4 : kFit);
-  using Layout = RowLayout<ckpt_t, kN, kThreads, kUnroll>;
+  // Rows in flight per thread: as many as registers hold without spilling (a lane's checkpoint columns
+  // and its ring values per row), at most 4.
+  constexpr int kThreads = 256;
+  using Probe = RowLayout<ckpt_t, kN, kThreads, 1, 8>;
+  constexpr int kRingPerLane = (kRingMax + Probe::kLanesPerRow - 1) / Probe::kLanesPerRow;
+  constexpr int kFit = std::min(32 / Probe::kColsPerLane, 16 / kRingPerLane);
+  constexpr int kUnroll = kFit < 1 ? 1 : (kFit > 4 ? 4 : kFit);
+  using Layout = RowLayout<ckpt_t, kN, kThreads, kUnroll, 8>;
   // Rows of a group per block: whole groups (B.C once per group) unless that leaves SMs idle; then
   // smaller chunks, down to one iteration of the row loop.
   const int group_rows = (p.nheads / p.ngroups) * p.headdim;
@@ -385,7 +395,7 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
   const int max_heads = std::min((rows_per_block + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups);
   const ReplaySmem off(kN, p.cache.ring_len, max_heads);
   const size_t smem_bytes = size_t(off.total) * sizeof(float);
-  auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kUnroll>;
+  auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kUnroll, kRingMax>;
   if (smem_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");
@@ -398,7 +408,11 @@ template <DType kCkpt>
 void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
   using ckpt_t = typename CudaType<kCkpt>::type;
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
-    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] { launch_mamba2_replay_step<ckpt_t, typename CudaType<kAct>::type, kN>(p, stream); });
+    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
+      using act_t = typename CudaType<kAct>::type;
+      if (p.cache.ring_len <= 16) launch_mamba2_replay_step<ckpt_t, act_t, kN, 16>(p, stream);
+      else launch_mamba2_replay_step<ckpt_t, act_t, kN, kMaxRing>(p, stream);
+    });
   });
 }
 
