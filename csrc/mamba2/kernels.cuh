@@ -144,37 +144,50 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
 //   y_t = exp(c_t) (S_c C_t) + sum_{j<=w} exp(c_t - c_j) dt_j (B_j . C_t) x_j + D x_t
 // Reads S_c (|S|) once; writes it only when the ring is full (fold: S_c <- S_t, cursor <- 0). Otherwise
 // the token is appended to the ring (x, B, dt) and the cursor advances.
-// Grid (row chunks of a group, G, batch), where a group's rows are its heads' (head, p) rows, so that
-// (B_j . C_t) is computed once per block for all the heads the block covers (a whole group at serving
-// batch sizes), not once per head. Each row is one lane group (RowLayout): its lanes hold the row's
-// checkpoint vectors and, spread over the same lanes, the row's ring values x_j[p]; one group sum gives
-// y. So the ring is read in the same pass as the checkpoint, and at a fold the lanes exchange x_j by
-// shuffles. Latency: the first rows' checkpoint loads are issued before anything else (they need only the
-// slot), the ring loads as soon as the cursor is known, and the block scalars are computed while they fly.
+//
+// Grid (row chunks of a group, G, batch): a group's rows are its heads' (head, p) rows, so (B_j . C_t) is
+// computed once per block for all the heads it covers (a whole group at serving batch sizes), not per head.
+// Each row belongs to a group of at most 8 lanes (RowLayout): each lane holds several 16-byte vectors of
+// the row, so index math, ring values and the group sum are paid per 64+ bytes (with a warp per row the
+// kernel was instruction-bound at ~1 TB/s). The checkpoint streams through shared memory with cp.async,
+// kStages deep, each thread copying and later reading only its own vectors (no block barrier): loads stay
+// in flight while warps compute or wait on the ring, which a register prefetch fetches one row ahead.
+// The first stages are issued before anything else (they need only the slot); the block scalars are
+// computed while they fly. Lane l of a row holds the row's ring values x_j[p] for j = l, l + 8, ...; one
+// group sum gives y; at a fold the lanes exchange x_j by shuffles.
 // The cursor is advanced by the last block of the slot to finish (a per-slot arrival counter): every block
 // read it at its start, so one launch suffices, with no host sync; graph-capturable.
+template <int kStages, int kVecsPerThread>
 struct ReplaySmem {
-  int C, Bs, dts, wdt, wbc, decay, bc, total;  // offsets in floats
-  __host__ __device__ ReplaySmem(int dstate, int ring_len, int max_heads) {
-    C = 0;
+  int C, Bs, dts, wdt, wbc, decay, Ds, bc, total;  // offsets in floats, after the staging buffer
+  static constexpr int kStagingFloats(int threads) { return kStages * kVecsPerThread * threads * 4; }
+  __host__ __device__ ReplaySmem(int threads, int dstate, int ring_len, int max_heads) {
+    C = kStagingFloats(threads);
     Bs = C + dstate;                    // [j][n] B_j
     dts = Bs + ring_len * dstate;       // [head][j] dt_j
     wdt = dts + max_heads * ring_len;   // [head][j] exp(c_t - c_j) dt_j
     wbc = wdt + max_heads * ring_len;   // [head][j] exp(c_t - c_j) dt_j (B_j . C_t)
     decay = wbc + max_heads * ring_len; // [head] exp(c_t)
-    bc = decay + max_heads;             // [j] B_j . C_t
+    Ds = decay + max_heads;             // [head] D
+    bc = Ds + max_heads;                // [j] B_j . C_t
     total = bc + ring_len;
   }
 };
 
-// A row has at most 8 lanes: each lane then holds several 16-byte vectors of it, so that the index math,
-// the ring values and the group sum are paid once per 64+ bytes, not per 16 (with a whole warp on a row
-// this kernel was instruction-bound at ~1 TB/s). kRingMax bounds the ring length (16 or 64).
-template <typename ckpt_t, typename act_t, int kN, int kThreads, int kUnroll, int kRingMax>
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
+
+template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages, int kRingMax>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads) {
-  using Layout = RowLayout<ckpt_t, kN, kThreads, kUnroll, 8>;
+  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, 8>;
   constexpr int kLanes = Layout::kLanesPerRow;
+  constexpr int kVecs = Layout::kVecsPerLane;
   constexpr int kRingPerLane = (kRingMax + kLanes - 1) / kLanes;  // ring positions a lane may hold
   const Mamba2ReplayCacheParams& c = p.cache;
   const int b = blockIdx.z, g = blockIdx.y;
@@ -188,82 +201,88 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int head_begin = row_begin / p.headdim;  // local head index within the group
   const int nheads_block = (row_end - 1) / p.headdim - head_begin + 1;
   const int h0 = g * heads_per_group + head_begin;  // first global head of the block
+  const int n_iter = (row_end - row_begin + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
   const int L = c.ring_len;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
+  const int row0 = row_begin + warp * Layout::kRowsPerWarp + row_in_warp;  // this thread's row in iteration 0
   const ckpt_t* ckpt_group =
       static_cast<const ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(g) * heads_per_group * c.ckpt_head_stride;
-  auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
   auto ckpt_row = [&](int r) { return ckpt_group + (r / p.headdim) * c.ckpt_head_stride + (r % p.headdim) * c.ckpt_row_stride; };
 
-  float s[kUnroll][Layout::kColsPerLane];
-  auto load_ckpt = [&](int base) {
+  extern __shared__ __align__(16) float smem[];
+  uint4* staging = reinterpret_cast<uint4*>(smem);  // [stage][vec][thread]
+  auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
+    const int r = row0 + it * Layout::kRowsPerIter;
+    if (it < n_iter && r < row_end) {
+      const ckpt_t* src = ckpt_row(r);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int r = row_of(base, u);
-      if (r < row_end)
-#pragma unroll
-        for (int v = 0; v < Layout::kVecsPerLane; ++v)
-          load16_stream(ckpt_row(r) + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+      for (int v = 0; v < kVecs; ++v)
+        cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
     }
+    cp_async_commit();
   };
-  load_ckpt(row_begin);  // in flight while the cursor and the block scalars are fetched
+#pragma unroll
+  for (int it = 0; it < kStages - 1; ++it) issue(it);
 
   const int w = c.cursor[slot];
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
   const bool fold = is_fold_step(w, L);
 
-  // Ring values of the rows: lane l of a row holds x_j[p] for j = l, l + kLanes, ... (j <= w; j == w is x_t).
+  // This thread's ring values of its row (lane l: x_j[p] for j = l, l + kLanes, ...; j == w is x_t), and for
+  // the row's lane 0 x_t[p] and z[p]; fetched one iteration ahead.
   const act_t* ring_x = static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride;
   const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride;
   const act_t* z_t = static_cast<const act_t*>(p.z) + b * p.z_batch_stride;
-  float xr[kUnroll][kRingPerLane];
-  act_t xt[kUnroll];  // lane 0 of a row: x_t[p] and z[p], fetched with the row so the output never waits
-  float zt[kUnroll];
-  auto load_ring = [&](int base) {
+  struct RowIn {
+    float xr[kRingPerLane];
+    act_t xt;
+    float zt;
+  };
+  auto load_row_inputs = [&](int it, RowIn& in) {
+    const int r = row0 + it * Layout::kRowsPerIter;
+    const bool valid = it < n_iter && r < row_end;
+    const int h = h0 + r / p.headdim - head_begin, i = r % p.headdim;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int r = row_of(base, u);
-      const int h = h0 + r / p.headdim - head_begin, i = r % p.headdim;
-      if (r < row_end && lane_in_row == 0) {
-        xt[u] = x_t[h * p.x_head_stride + i];
-        zt[u] = p.z ? to_float(z_t[h * p.z_head_stride + i]) : 0.f;
-      }
-#pragma unroll
-      for (int k = 0; k < kRingPerLane; ++k) {
-        const int j = k * kLanes + lane_in_row;
-        xr[u][k] = 0.f;
-        if (r < row_end && j <= w)
-          xr[u][k] = to_float(j < w ? ring_x[j * c.ring_x_pos_stride + h * c.ring_x_head_stride + i] : x_t[h * p.x_head_stride + i]);
-      }
+    for (int k = 0; k < kRingPerLane; ++k) {
+      const int j = k * kLanes + lane_in_row;
+      in.xr[k] = 0.f;
+      if (valid && j <= w)
+        in.xr[k] = to_float(j < w ? ring_x[j * c.ring_x_pos_stride + h * c.ring_x_head_stride + i] : x_t[h * p.x_head_stride + i]);
+    }
+    if (valid && lane_in_row == 0) {
+      in.xt = x_t[h * p.x_head_stride + i];
+      in.zt = p.z ? to_float(z_t[h * p.z_head_stride + i]) : 0.f;
     }
   };
-  load_ring(row_begin);
+  RowIn next;
+  load_row_inputs(0, next);
 
   // ---- Block scalars.
-  extern __shared__ float smem[];
-  const ReplaySmem off(kN, L, max_heads);
+  const ReplaySmem<kStages, kVecs> off(kThreads, kN, L, max_heads);
   float* C_s = smem + off.C;
   float* Bs = smem + off.Bs;
   float* dts = smem + off.dts;
   float* wdt = smem + off.wdt;
   float* wbc = smem + off.wbc;
   float* decay = smem + off.decay;
+  float* Ds = smem + off.Ds;
   float* bc = smem + off.bc;
   const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
   const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
   const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
   for (int n = threadIdx.x; n < kN; n += kThreads) C_s[n] = to_float(Ct[n]);
   for (int idx = threadIdx.x; idx < (w + 1) * kN; idx += kThreads) {  // B_j, for B.C and the fold
-      const int j = idx / kN, n = idx % kN;
-      Bs[idx] = to_float(j < w ? ring_B[j * c.ring_B_pos_stride + n] : Bt[n]);
-    }
+    const int j = idx / kN, n = idx % kN;
+    Bs[idx] = to_float(j < w ? ring_B[j * c.ring_B_pos_stride + n] : Bt[n]);
+  }
   for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
     const int hl = idx / (w + 1), j = idx % (w + 1), h = h0 + hl;
     dts[hl * L + j] = j < w ? c.ring_dt[slot * c.ring_dt_slot_stride + j * c.ring_dt_pos_stride + h]
                             : process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
                                          p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
   }
+  for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads) Ds[hl] = p.D ? p.D[h0 + hl] : 0.f;
   __syncthreads();
   for (int j = warp; j <= w; j += Layout::kWarps) {
     float acc = 0.f;
@@ -287,69 +306,74 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   float Cv[Layout::kColsPerLane];
 #pragma unroll
-  for (int v = 0; v < Layout::kVecsPerLane; ++v)
+  for (int v = 0; v < kVecs; ++v)
 #pragma unroll
     for (int e = 0; e < Layout::kVec; ++e) Cv[v * Layout::kVec + e] = C_s[Layout::col(lane_in_row, v, e)];
 
   // ---- Stream the block's rows.
-  ckpt_t* ckpt_out = static_cast<ckpt_t*>(c.checkpoint);
   act_t* ring_x_w = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride;
-  for (int base = row_begin; base < row_end; base += Layout::kRowsPerIter) {
-    if (base != row_begin) {
-      load_ckpt(base);
-      load_ring(base);
+  for (int it = 0; it < n_iter; ++it) {
+    issue(it + kStages - 1);
+    const RowIn in = next;
+    load_row_inputs(it + 1, next);
+    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
+    const int r = row0 + it * Layout::kRowsPerIter;
+    const bool valid = r < row_end;
+    const int hl = valid ? r / p.headdim - head_begin : 0, i = r % p.headdim, h = h0 + hl;
+    float s[Layout::kColsPerLane];
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
+      const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
+#pragma unroll
+      for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = to_float(elems[e]);
     }
+    float sc = 0.f;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int r = row_of(base, u);
-      const bool valid = r < row_end;
-      const int hl = valid ? r / p.headdim - head_begin : 0, i = r % p.headdim, h = h0 + hl;
-      float sc = 0.f;
+    for (int col = 0; col < Layout::kColsPerLane; ++col) sc = fmaf(s[col], Cv[col], sc);
+    float y = decay[hl] * sc;
 #pragma unroll
-      for (int col = 0; col < Layout::kColsPerLane; ++col) sc = fmaf(s[u][col], Cv[col], sc);
-      float y = decay[hl] * sc;
+    for (int k = 0; k < kRingPerLane; ++k) {
+      const int j = k * kLanes + lane_in_row;
+      if (j <= w) y = fmaf(wbc[hl * L + j], in.xr[k], y);
+    }
+    y = group_sum<kLanes>(y);
+    if (valid && lane_in_row == 0) {
+      y = fmaf(Ds[hl], to_float(in.xt), y);
+      if (p.z) y *= silu(in.zt);
+      static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + i] = from_float<act_t>(y);
+      if (!fold) ring_x_w[h * c.ring_x_head_stride + i] = in.xt;
+    }
+    if (fold) {
+      // New checkpoint row: exp(c_t) S_c + sum_j exp(c_t - c_j) dt_j x_j[p] B_j; x_j comes from the lane
+      // of this row that holds it.
+      const float dcy = decay[hl];
+#pragma unroll
+      for (int col = 0; col < Layout::kColsPerLane; ++col) s[col] *= dcy;
 #pragma unroll
       for (int k = 0; k < kRingPerLane; ++k) {
-        const int j = k * kLanes + lane_in_row;
-        if (j <= w) y = fmaf(wbc[hl * L + j], xr[u][k], y);
-      }
-      y = group_sum<kLanes>(y);
-      if (valid && lane_in_row == 0) {
-        if (p.D) y = fmaf(p.D[h], to_float(xt[u]), y);
-        if (p.z) y *= silu(zt[u]);
-        static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + i] = from_float<act_t>(y);
-        if (!fold) ring_x_w[h * c.ring_x_head_stride + i] = xt[u];
-      }
-      if (fold) {
-        // New checkpoint row: exp(c_t) S_c + sum_j exp(c_t - c_j) dt_j x_j[p] B_j; x_j comes from the lane
-        // of this row that holds it.
-        const float dcy = decay[hl];
+        for (int l = 0; l < kLanes; ++l) {
+          const int j = k * kLanes + l;
+          if (j > w) break;  // uniform across the warp: w is the slot's
+          const float xj = __shfl_sync(0xffffffffu, in.xr[k], row_in_warp * kLanes + l);
+          const float coef = wdt[hl * L + j] * xj;
+          const float* Bj = Bs + j * kN;
 #pragma unroll
-        for (int col = 0; col < Layout::kColsPerLane; ++col) s[u][col] *= dcy;
+          for (int v = 0; v < kVecs; ++v)
 #pragma unroll
-        for (int k = 0; k < kRingPerLane; ++k) {
-          for (int l = 0; l < kLanes; ++l) {
-            const int j = k * kLanes + l;
-            if (j > w) break;  // uniform across the warp: w is the slot's
-            const float xj = __shfl_sync(0xffffffffu, xr[u][k], row_in_warp * kLanes + l);
-            const float coef = wdt[hl * L + j] * xj;
-            const float* Bj = Bs + j * kN;
-#pragma unroll
-            for (int v = 0; v < Layout::kVecsPerLane; ++v)
-#pragma unroll
-              for (int e = 0; e < Layout::kVec; ++e)
-                s[u][v * Layout::kVec + e] = fmaf(coef, Bj[Layout::col(lane_in_row, v, e)], s[u][v * Layout::kVec + e]);
-          }
+            for (int e = 0; e < Layout::kVec; ++e)
+              s[v * Layout::kVec + e] = fmaf(coef, Bj[Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
         }
-        if (valid) {
-          ckpt_t* row = ckpt_out + (ckpt_row(r) - static_cast<const ckpt_t*>(c.checkpoint));
+      }
+      if (valid) {
+        ckpt_t* row = static_cast<ckpt_t*>(c.checkpoint) + (ckpt_row(r) - static_cast<const ckpt_t*>(c.checkpoint));
 #pragma unroll
-          for (int v = 0; v < Layout::kVecsPerLane; ++v)
-            store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
-        }
+        for (int v = 0; v < kVecs; ++v)
+          store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
       }
     }
   }
+  cp_async_wait<0>();
 
   if (!fold) {
     if (blockIdx.x == 0) {
@@ -373,14 +397,10 @@ __global__ void __launch_bounds__(kThreads, 3)
 
 template <typename ckpt_t, typename act_t, int kN, int kRingMax>
 void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
-  // Rows in flight per thread: as many as registers hold without spilling (a lane's checkpoint columns
-  // and its ring values per row), at most 4.
-  constexpr int kThreads = 256;
-  using Probe = RowLayout<ckpt_t, kN, kThreads, 1, 8>;
-  constexpr int kRingPerLane = (kRingMax + Probe::kLanesPerRow - 1) / Probe::kLanesPerRow;
-  constexpr int kFit = std::min(32 / Probe::kColsPerLane, 16 / kRingPerLane);
-  constexpr int kUnroll = kFit < 1 ? 1 : (kFit > 4 ? 4 : kFit);
-  using Layout = RowLayout<ckpt_t, kN, kThreads, kUnroll, 8>;
+  // Three stages of 16-byte vectors per thread in flight (two while the third is read): ~96 KiB of
+  // checkpoint reads outstanding per SM at two or three blocks per SM.
+  constexpr int kThreads = 256, kStages = 3;
+  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, 8>;
   // Rows of a group per block: whole groups (B.C once per group) unless that leaves SMs idle; then
   // smaller chunks, down to one iteration of the row loop.
   const int group_rows = (p.nheads / p.ngroups) * p.headdim;
@@ -393,9 +413,9 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
   const int rows_per_block = static_cast<int>(std::min<int64_t>(rows, cap));
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
   const int max_heads = std::min((rows_per_block + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups);
-  const ReplaySmem off(kN, p.cache.ring_len, max_heads);
+  const ReplaySmem<kStages, Layout::kVecsPerLane> off(kThreads, kN, p.cache.ring_len, max_heads);
   const size_t smem_bytes = size_t(off.total) * sizeof(float);
-  auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kUnroll, kRingMax>;
+  auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kStages, kRingMax>;
   if (smem_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");
