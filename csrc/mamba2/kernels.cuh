@@ -185,6 +185,7 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages, int kRingMax>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads) {
+  constexpr int kAhead = 3;
   using Layout = RowLayout<ckpt_t, kN, kThreads, 1, 8>;
   constexpr int kLanes = Layout::kLanesPerRow;
   constexpr int kVecs = Layout::kVecsPerLane;
@@ -255,8 +256,11 @@ __global__ void __launch_bounds__(kThreads, 3)
       in.zt = p.z ? to_float(z_t[h * p.z_head_stride + i]) : 0.f;
     }
   };
-  RowIn next;
-  load_row_inputs(0, next);
+  // Ring values are 2-byte reads from DRAM: fetched kAhead iterations early so their latency hides behind
+  // the copies in flight (with one iteration of lead the warps waited on them: ~2x the floor at batch 256).
+  RowIn ahead[kAhead];
+#pragma unroll
+  for (int a = 0; a < kAhead; ++a) load_row_inputs(a, ahead[a]);
 
   // ---- Block scalars.
   const ReplaySmem<kStages, kVecs> off(kThreads, kN, L, max_heads);
@@ -304,18 +308,14 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
   __syncthreads();
 
-  float Cv[Layout::kColsPerLane];
-#pragma unroll
-  for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-    for (int e = 0; e < Layout::kVec; ++e) Cv[v * Layout::kVec + e] = C_s[Layout::col(lane_in_row, v, e)];
-
   // ---- Stream the block's rows.
   act_t* ring_x_w = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride;
   for (int it = 0; it < n_iter; ++it) {
     issue(it + kStages - 1);
-    const RowIn in = next;
-    load_row_inputs(it + 1, next);
+    const RowIn in = ahead[0];
+#pragma unroll
+    for (int a = 0; a + 1 < kAhead; ++a) ahead[a] = ahead[a + 1];
+    load_row_inputs(it + kAhead, ahead[kAhead - 1]);
     cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
     const int r = row0 + it * Layout::kRowsPerIter;
     const bool valid = r < row_end;
@@ -328,9 +328,11 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
       for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = to_float(elems[e]);
     }
-    float sc = 0.f;
+    float sc = 0.f;  // C_t from shared memory (in registers it cost the occupancy that hides latency)
 #pragma unroll
-    for (int col = 0; col < Layout::kColsPerLane; ++col) sc = fmaf(s[col], Cv[col], sc);
+    for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+      for (int e = 0; e < Layout::kVec; ++e) sc = fmaf(s[v * Layout::kVec + e], C_s[Layout::col(lane_in_row, v, e)], sc);
     float y = decay[hl] * sc;
 #pragma unroll
     for (int k = 0; k < kRingPerLane; ++k) {
