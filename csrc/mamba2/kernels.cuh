@@ -182,11 +182,15 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
 
+// Lanes per row: 4 for rings of up to 16 tokens (each lane then holds 4 ring values and, for an fp32 row of
+// 128, 128 bytes of it: index math and bookkeeping are paid per 128 bytes); 8 for longer rings.
+template <int kRingMax> struct ReplayMaxLanes { static constexpr int value = kRingMax <= 16 ? 4 : 8; };
+
 template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages, int kRingMax>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, 2)
     mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads) {
   constexpr int kAhead = 3;
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, 8>;
+  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayMaxLanes<kRingMax>::value>;
   constexpr int kLanes = Layout::kLanesPerRow;
   constexpr int kVecs = Layout::kVecsPerLane;
   constexpr int kRingPerLane = (kRingMax + kLanes - 1) / kLanes;  // ring positions a lane may hold
@@ -209,19 +213,34 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int row0 = row_begin + warp * Layout::kRowsPerWarp + row_in_warp;  // this thread's row in iteration 0
   const ckpt_t* ckpt_group =
       static_cast<const ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(g) * heads_per_group * c.ckpt_head_stride;
-  auto ckpt_row = [&](int r) { return ckpt_group + (r / p.headdim) * c.ckpt_head_stride + (r % p.headdim) * c.ckpt_row_stride; };
+  // This thread's row in the k-th iteration, as (row, head in block, p), advanced without divisions: the
+  // copies, the ring prefetch and the compute each walk the rows with their own tracker.
+  struct RowPos {
+    int r, hl, i;
+  };
+  const RowPos pos0{row0, row0 / p.headdim - head_begin, row0 % p.headdim};
+  auto advance = [&](RowPos& q) {
+    q.r += Layout::kRowsPerIter;
+    q.i += Layout::kRowsPerIter;
+    while (q.i >= p.headdim) {
+      q.i -= p.headdim;
+      ++q.hl;
+    }
+  };
+  auto ckpt_row = [&](const RowPos& q) { return ckpt_group + (head_begin + q.hl) * c.ckpt_head_stride + q.i * c.ckpt_row_stride; };
 
   extern __shared__ __align__(16) float smem[];
   uint4* staging = reinterpret_cast<uint4*>(smem);  // [stage][vec][thread]
+  RowPos copy_pos = pos0;
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
-    const int r = row0 + it * Layout::kRowsPerIter;
-    if (it < n_iter && r < row_end) {
-      const ckpt_t* src = ckpt_row(r);
+    if (it < n_iter && copy_pos.r < row_end) {
+      const ckpt_t* src = ckpt_row(copy_pos);
 #pragma unroll
       for (int v = 0; v < kVecs; ++v)
         cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
     }
     cp_async_commit();
+    advance(copy_pos);
   };
 #pragma unroll
   for (int it = 0; it < kStages - 1; ++it) issue(it);
@@ -240,10 +259,11 @@ __global__ void __launch_bounds__(kThreads, 3)
     act_t xt;
     float zt;
   };
+  RowPos ring_pos = pos0;
   auto load_row_inputs = [&](int it, RowIn& in) {
-    const int r = row0 + it * Layout::kRowsPerIter;
-    const bool valid = it < n_iter && r < row_end;
-    const int h = h0 + r / p.headdim - head_begin, i = r % p.headdim;
+    const bool valid = it < n_iter && ring_pos.r < row_end;
+    const int h = h0 + ring_pos.hl, i = ring_pos.i;
+    advance(ring_pos);
 #pragma unroll
     for (int k = 0; k < kRingPerLane; ++k) {
       const int j = k * kLanes + lane_in_row;
@@ -310,6 +330,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // ---- Stream the block's rows.
   act_t* ring_x_w = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride;
+  RowPos pos = pos0;
   for (int it = 0; it < n_iter; ++it) {
     issue(it + kStages - 1);
     const RowIn in = ahead[0];
@@ -317,9 +338,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     for (int a = 0; a + 1 < kAhead; ++a) ahead[a] = ahead[a + 1];
     load_row_inputs(it + kAhead, ahead[kAhead - 1]);
     cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
-    const int r = row0 + it * Layout::kRowsPerIter;
-    const bool valid = r < row_end;
-    const int hl = valid ? r / p.headdim - head_begin : 0, i = r % p.headdim, h = h0 + hl;
+    const RowPos q = pos;
+    advance(pos);
+    const bool valid = q.r < row_end;
+    const int hl = valid ? q.hl : 0, i = q.i, h = h0 + hl;
     float s[Layout::kColsPerLane];
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
@@ -368,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 3)
         }
       }
       if (valid) {
-        ckpt_t* row = static_cast<ckpt_t*>(c.checkpoint) + (ckpt_row(r) - static_cast<const ckpt_t*>(c.checkpoint));
+        ckpt_t* row = static_cast<ckpt_t*>(c.checkpoint) + (ckpt_row(q) - static_cast<const ckpt_t*>(c.checkpoint));
 #pragma unroll
         for (int v = 0; v < kVecs; ++v)
           store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
@@ -399,10 +421,10 @@ __global__ void __launch_bounds__(kThreads, 3)
 
 template <typename ckpt_t, typename act_t, int kN, int kRingMax>
 void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
-  // Three stages of 16-byte vectors per thread in flight (two while the third is read): ~96 KiB of
-  // checkpoint reads outstanding per SM at two or three blocks per SM.
+  // Three stages per thread (two in flight while the third is read): with 128 bytes of a row per thread
+  // and two blocks per SM, ~128 KiB of checkpoint reads outstanding per SM.
   constexpr int kThreads = 256, kStages = 3;
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, 8>;
+  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayMaxLanes<kRingMax>::value>;
   // Rows of a group per block: whole groups (B.C once per group) unless that leaves SMs idle; then
   // smaller chunks, down to one iteration of the row loop.
   const int group_rows = (p.nheads / p.ngroups) * p.headdim;
