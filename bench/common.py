@@ -74,6 +74,8 @@ def environment() -> dict:
                                        cwd=os.path.dirname(__file__)).stdout.strip()
     except OSError:
         pass
+    # The GPU machine gets the working tree without .git: scripts/gpu_job.sh passes the commit along.
+    env["commit"] = env.get("commit") or os.environ.get("REPLAYSSM_COMMIT", "")
     return env
 
 
