@@ -336,3 +336,44 @@ def test_cuda_out_of_range_slot_is_a_device_assert_not_a_wild_write():
                           env=dict(os.environ))
     assert proc.returncode != 0
     assert "slot_ids[0] = 7 is out of range" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("L", [2, 17, 64])
+def test_ring_lengths_at_the_limits(device, L):
+    # 2 folds every other token; 17 and 64 take the CUDA kernel's long-ring instantiation (rings over 16).
+    res = run_sequence(device, H=4, P=16, N=32, G=2, L=L, batch=3, num_slots=4, T=2 * L + 3, act_dtype=torch.bfloat16,
+                       state_dtype=torch.float32, gen=make_gen(), join_at=[0, 1, L // 2])
+    tol = tolerance(torch.bfloat16, torch.float32)
+    assert max(max(e["std"], e["rep"]) for e in res["errs"]) < tol
+
+
+def test_reset_starts_a_slot_from_a_given_state(device):
+    gen = make_gen()
+    H, P, N, G, L = 4, 8, 16, 2, 4
+    layer = Layer(H, P, G, N, device, gen)
+    cache = Mamba2ReplayCache.allocate(5, H, P, G, N, ring_len=L, act_dtype=torch.float32, device=device)
+    ids = torch.tensor([4, 1], dtype=torch.int32, device=device)
+    for _ in range(3):  # leave the rings part full
+        tok = layer.token(2, torch.float32, gen)
+        replayssm.mamba2_replay_step(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], slot_ids=ids, **layer.kwargs())
+    state = torch.randn(2, H, P, N, generator=gen).to(device)
+    cache.reset(ids, state)
+    assert cache.cursor[ids.long()].tolist() == [0, 0]
+    assert torch.equal(replayssm.mamba2_replay_state(cache, layer.A, ids), state)  # cursor 0: the checkpoint itself
+    pool = torch.zeros(5, H, P, N, device=device)
+    pool[ids.long()] = state
+    tok = layer.token(2, torch.float32, gen)
+    want = replayssm.mamba2_step(pool, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], slot_ids=ids, **layer.kwargs())
+    got = replayssm.mamba2_replay_step(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], slot_ids=ids,
+                                       **layer.kwargs())
+    assert rel_err(got, want.double()) < tolerance(torch.float32, torch.float32)
+    with pytest.raises(ValueError, match="state must have shape"):
+        cache.reset(ids, state[:1])
+
+
+def test_demo_runs_and_reports_agreement():
+    proc = subprocess.run([sys.executable, "-m", "replayssm", "demo", "--tokens", "40", "--ring-len", "8", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "outputs agree: yes" in proc.stdout
+    assert "checkpoint written 5 times in 40 tokens" in proc.stdout

@@ -193,6 +193,23 @@ Mamba2ReplayCacheParams fill_cache_params(const Tensor& checkpoint, const Tensor
   return c;
 }
 
+// Runs the CUDA implementation (on the tensors' device, current stream) or the CPU one. A CPU-only build
+// registers no CUDA kernels, so CUDA tensors never reach it.
+#ifdef RSSM_WITH_CUDA
+template <typename Params>
+void run(const at::Device& device, const Params& p, void (*cpu)(const Params&), void (*cuda)(const Params&, cudaStream_t)) {
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device);
+    cuda(p, c10::cuda::getCurrentCUDAStream());
+  } else {
+    cpu(p);
+  }
+}
+#define RSSM_RUN(DEVICE, PARAMS, NAME) run(DEVICE, PARAMS, NAME##_cpu, NAME##_cuda)
+#else
+#define RSSM_RUN(DEVICE, PARAMS, NAME) NAME##_cpu(PARAMS)
+#endif
+
 void mamba2_step(Tensor state, const Tensor& x, const Tensor& dt, const Tensor& A, const Tensor& B, const Tensor& C,
                  const OptTensor& D, const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus, double dt_min,
                  double dt_max, const Tensor& slot_ids, Tensor out) {
@@ -207,14 +224,7 @@ void mamba2_step(Tensor state, const Tensor& x, const Tensor& dt, const Tensor& 
   p.state_head_stride = state.stride(1);
   p.state_row_stride = state.stride(2);
   if (p.batch == 0) return;
-#ifdef RSSM_WITH_CUDA
-  if (x.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(x.device());
-    mamba2_step_cuda(p, c10::cuda::getCurrentCUDAStream());
-    return;
-  }
-#endif
-  mamba2_step_cpu(p);
+  RSSM_RUN(x.device(), p, mamba2_step);
 }
 
 void mamba2_replay_step(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor ring_dt, Tensor cursor, Tensor arrivals,
@@ -228,14 +238,7 @@ void mamba2_replay_step(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor 
   p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, &arrivals, p.nheads, p.headdim, p.ngroups,
                               p.dstate, x.scalar_type(), x.device());
   if (p.batch == 0) return;
-#ifdef RSSM_WITH_CUDA
-  if (x.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(x.device());
-    mamba2_replay_step_cuda(p, c10::cuda::getCurrentCUDAStream());
-    return;
-  }
-#endif
-  mamba2_replay_step_cpu(p);
+  RSSM_RUN(x.device(), p, mamba2_replay_step);
 }
 
 void mamba2_replay_state(const Tensor& checkpoint, const Tensor& ring_x, const Tensor& ring_B, const Tensor& ring_dt,
@@ -274,14 +277,7 @@ void mamba2_replay_state(const Tensor& checkpoint, const Tensor& ring_x, const T
   p.num_slots = checkpoint.size(0);
   p.out = out.data_ptr<float>();
   if (p.batch == 0) return;
-#ifdef RSSM_WITH_CUDA
-  if (checkpoint.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(device);
-    mamba2_replay_state_cuda(p, c10::cuda::getCurrentCUDAStream());
-    return;
-  }
-#endif
-  mamba2_replay_state_cpu(p);
+  RSSM_RUN(device, p, mamba2_replay_state);
 }
 
 }  // namespace
