@@ -19,8 +19,16 @@ TORCH_LIBRARY(replayssm, m) {
       "mamba2_replay_step(Tensor(a!) checkpoint, Tensor(b!) ring_x, Tensor(c!) ring_B, Tensor(d!) ring_dt, "
       "Tensor(e!) cursor, Tensor(f!) arrivals, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
       "Tensor? dt_bias, bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor(g!) out) -> ()");
-  // The state at each slot's cursor (checkpoint with its ring folded in), fp32, into out.
+  // The state of each slot at its cursor, or at a committed position (<= cursor), fp32, into out.
   m.def(
       "mamba2_replay_state(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor ring_dt, Tensor cursor, Tensor A, "
-      "Tensor slot_ids, Tensor(a!) out) -> ()");
+      "Tensor slot_ids, Tensor? positions, Tensor(a!) out) -> ()");
+  // Speculative verification of T tentative tokens per row (x: (batch, T, nheads, headdim)): outputs from the
+  // checkpoint and the ring, tokens written into the ring after the cursor; early fold when they would not fit.
+  m.def(
+      "mamba2_replay_verify(Tensor(a!) checkpoint, Tensor(b!) ring_x, Tensor(c!) ring_B, Tensor(d!) ring_dt, "
+      "Tensor(e!) cursor, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, "
+      "bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor? num_tokens, Tensor(f!) out) -> ()");
+  // Accept tokens of the last verify: cursor[slot] += accepted (rejected ones are overwritten later).
+  m.def("mamba2_replay_commit(Tensor(a!) cursor, int ring_len, Tensor slot_ids, Tensor accepted) -> ()");
 }

@@ -7,9 +7,11 @@ import torch
 from . import _C  # noqa: F401  (registers torch.ops.replayssm.*)
 from . import ops
 from .cache import Mamba2ReplayCache
-from .ops import PAD_SLOT, mamba2_replay_state, mamba2_replay_step, mamba2_step
+from .ops import (PAD_SLOT, mamba2_replay_commit, mamba2_replay_state, mamba2_replay_step, mamba2_replay_verify,
+                  mamba2_step)
 
-__all__ = ["PAD_SLOT", "Mamba2ReplayCache", "mamba2_replay_state", "mamba2_replay_step", "mamba2_step", "ops"]
+__all__ = ["PAD_SLOT", "Mamba2ReplayCache", "mamba2_replay_commit", "mamba2_replay_state", "mamba2_replay_step",
+           "mamba2_replay_verify", "mamba2_step", "ops"]
 
 
 def cuda_built() -> bool:

@@ -83,17 +83,64 @@ def mamba2_replay_step(
 
 
 def mamba2_replay_state(
-    cache: Mamba2ReplayCache, A: torch.Tensor, slot_ids: torch.Tensor, out: Optional[torch.Tensor] = None
+    cache: Mamba2ReplayCache,
+    A: torch.Tensor,
+    slot_ids: torch.Tensor,
+    positions: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The fp32 state of each slot at its cursor (the checkpoint with the ring folded in): (b, H, P, N).
+    """The fp32 state of each slot (the checkpoint with its ring folded in): (b, H, P, N). At the slot's cursor,
+    or, with ``positions`` (b,) int32, after the first ``positions[b]`` ring tokens (0 <= position <= cursor:
+    any committed position since the last fold; for prefix caching, handing a sequence over, debugging).
     Reads only; the cache is unchanged. Pad rows of ``out`` are left as they are."""
     if out is None:
         s, H, P, N = cache.checkpoint.shape
         out = torch.zeros(slot_ids.shape[0], H, P, N, dtype=torch.float32, device=cache.checkpoint.device)
     torch.ops.replayssm.mamba2_replay_state(
-        cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, A, slot_ids, out
+        cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, A, slot_ids, positions, out
     )
     return out
+
+
+def mamba2_replay_verify(
+    cache: Mamba2ReplayCache,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    slot_ids: torch.Tensor,
+    num_tokens: Optional[torch.Tensor] = None,
+    D: Optional[torch.Tensor] = None,
+    z: Optional[torch.Tensor] = None,
+    dt_bias: Optional[torch.Tensor] = None,
+    dt_softplus: bool = False,
+    dt_limit: Tuple[float, float] = DT_LIMIT_NONE,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Speculative verification (CPU now; the CUDA kernel is a later issue). For each row, T tentative tokens
+    x (b, T, H, P), dt (b, T, H), B and C (b, T, G, N), z (b, T, H, P) get the outputs the sequential
+    recurrence would give them after the slot's committed tokens, computed from the checkpoint and the ring:
+    no intermediate state is formed. ``num_tokens`` (b,) int32 in 1..T gives rows fewer tokens (the rest of
+    their x/out is ignored/untouched). The tokens are written into the ring after the cursor, which does not
+    move: :func:`mamba2_replay_commit` accepts some of them. Fold policy: when the window would not fit
+    (cursor + T > ring_len), the committed history is folded first (checkpoint <- state at the cursor,
+    cursor <- 0), so a cache for speculation is sized ring_len = history + window.
+    """
+    if out is None:
+        out = torch.empty_like(x)
+    torch.ops.replayssm.mamba2_replay_verify(
+        cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, x, dt, A, B, C, D, z, dt_bias,
+        dt_softplus, float(dt_limit[0]), float(dt_limit[1]), slot_ids, num_tokens, out,
+    )
+    return out
+
+
+def mamba2_replay_commit(cache: Mamba2ReplayCache, slot_ids: torch.Tensor, accepted: torch.Tensor) -> None:
+    """Accept the first ``accepted[b]`` (int32) tokens of the last verify of each row: the cursor moves over
+    them; rejected tokens are simply overwritten later. Device-side, no sync, graph-safe."""
+    torch.ops.replayssm.mamba2_replay_commit(cache.cursor, cache.ring_len, slot_ids, accepted)
 
 
 # Fake kernels: the ops only mutate their (a!) arguments and return nothing, so shape propagation has
@@ -110,5 +157,16 @@ def _mamba2_replay_step_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, arriva
 
 
 @torch.library.register_fake("replayssm::mamba2_replay_state")
-def _mamba2_replay_state_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, A, slot_ids, out):
+def _mamba2_replay_state_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, A, slot_ids, positions, out):
+    return None
+
+
+@torch.library.register_fake("replayssm::mamba2_replay_verify")
+def _mamba2_replay_verify_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                               dt_min, dt_max, slot_ids, num_tokens, out):
+    return None
+
+
+@torch.library.register_fake("replayssm::mamba2_replay_commit")
+def _mamba2_replay_commit_fake(cursor, ring_len, slot_ids, accepted):
     return None

@@ -75,3 +75,21 @@ def mamba2_replay(checkpoint, ring_x, ring_B, ring_dt, x, dt_processed, A, B, C,
 def round_to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """t rounded to dtype's precision (to nearest), kept in float64."""
     return t.to(dtype).to(f64)
+
+
+def mamba2_verify(checkpoint, ring_x, ring_B, ring_dt, xs, dts_processed, A, Bs, Cs, D=None, zs=None):
+    """Outputs of T tentative tokens after w committed ring tokens, float64 (MATH.md, "Verifying T tokens at
+    once"): token k's output is the replay form over the ring and the tentative tokens before it; no
+    intermediate state is formed. xs (b, T, H, P); dts (b, T, H); Bs, Cs (b, T, G, N); zs (b, T, H, P).
+    Returns (b, T, H, P)."""
+    ys = []
+    for k in range(xs.shape[1]):
+        y, _ = mamba2_replay(
+            checkpoint,
+            torch.cat([ring_x.to(f64), xs[:, :k].to(f64)], 1),
+            torch.cat([ring_B.to(f64), Bs[:, :k].to(f64)], 1),
+            torch.cat([ring_dt.to(f64), dts_processed[:, :k].to(f64)], 1),
+            xs[:, k], dts_processed[:, k], A, Bs[:, k], Cs[:, k], D, None if zs is None else zs[:, k],
+        )
+        ys.append(y)
+    return torch.stack(ys, 1)

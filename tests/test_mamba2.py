@@ -218,7 +218,7 @@ def test_opcheck(device):
     torch.library.opcheck(torch.ops.replayssm.mamba2_replay_step.default, _replay_args(layer, cache, tok, ids, out))
     state = torch.empty(2, *cache.checkpoint.shape[1:], device=device)
     torch.library.opcheck(torch.ops.replayssm.mamba2_replay_state.default,
-                          (cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, layer.A, ids, state))
+                          (cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, layer.A, ids, None, state))
 
 
 def test_torch_compile_fullgraph(device):

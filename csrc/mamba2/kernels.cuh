@@ -472,8 +472,11 @@ __global__ void mamba2_replay_state_kernel(const Mamba2ReplayStateParams p) {
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_state: slot_ids[%d] = %lld is out of range", b, (long long)slot);
   extern __shared__ float wdt[];  // [j] = exp(c_w - c_j) dt_j
   __shared__ float decay;
-  const int w = c.cursor[slot];
-  RSSM_DEVICE_CHECK(w >= 0 && w < c.ring_len, "mamba2_replay_state: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+  const int cursor = c.cursor[slot];
+  const int w = p.positions ? p.positions[b] : cursor;
+  RSSM_DEVICE_CHECK(w >= 0 && w <= cursor && cursor <= c.ring_len,
+                    "mamba2_replay_state: position %d of slot %lld is outside [0, cursor = %d] (ring_len %d)", w, (long long)slot,
+                    cursor, c.ring_len);
   const float* ring_dt = c.ring_dt + slot * c.ring_dt_slot_stride + h;
   if (threadIdx.x == 0) {
     auto dt_at = [&](int j) { return ring_dt[j * c.ring_dt_pos_stride]; };

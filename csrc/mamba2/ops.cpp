@@ -136,7 +136,8 @@ void check_state_pool(const Tensor& state, const char* name, const Mamba2TokenPa
 // The replay cache of one layer: checkpoint pool, rings, cursors (see replayssm/cache.py).
 Mamba2ReplayCacheParams fill_cache_params(const Tensor& checkpoint, const Tensor& ring_x, const Tensor& ring_B,
                                           const Tensor& ring_dt, const Tensor& cursor, const Tensor* arrivals, int nheads,
-                                          int headdim, int ngroups, int dstate, at::ScalarType act, const at::Device& device) {
+                                          int headdim, int ngroups, int dstate, at::ScalarType act, const at::Device& device,
+                                          bool cursor_may_be_full) {
   Mamba2ReplayCacheParams c;
   TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, headdim, dstate), got ",
                     shape_str(checkpoint.sizes()));
@@ -169,9 +170,11 @@ Mamba2ReplayCacheParams fill_cache_params(const Tensor& checkpoint, const Tensor
     TORCH_CHECK_VALUE(arrivals->stride(0) == 1 || slots == 1, "replayssm: arrivals must be contiguous");
     c.arrivals = arrivals->data_ptr<int>();
   }
+  // The replay step keeps cursors below ring_len (it folds when the ring fills); verify/commit may fill it.
   if (!checkpoint.is_cuda()) {
-    const Tensor bad = (cursor < 0).logical_or(cursor >= L);
-    TORCH_CHECK_VALUE(!bad.any().item<bool>(), "replayssm: every cursor must be in [0, ring_len = ", L, ")");
+    const int64_t max_cursor = cursor_may_be_full ? L : L - 1;
+    const Tensor bad = (cursor < 0).logical_or(cursor > max_cursor);
+    TORCH_CHECK_VALUE(!bad.any().item<bool>(), "replayssm: every cursor must be in [0, ", max_cursor, "], ring_len = ", L);
   }
   c.ring_len = static_cast<int>(L);
   c.checkpoint = checkpoint.data_ptr();
@@ -236,13 +239,14 @@ void mamba2_replay_step(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor 
                     shape_str(checkpoint.sizes()));
   fill_token_params(p, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, slot_ids, out, checkpoint.size(0));
   p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, &arrivals, p.nheads, p.headdim, p.ngroups,
-                              p.dstate, x.scalar_type(), x.device());
+                              p.dstate, x.scalar_type(), x.device(), /*cursor_may_be_full=*/false);
   if (p.batch == 0) return;
   RSSM_RUN(x.device(), p, mamba2_replay_step);
 }
 
 void mamba2_replay_state(const Tensor& checkpoint, const Tensor& ring_x, const Tensor& ring_B, const Tensor& ring_dt,
-                         const Tensor& cursor, const Tensor& A, const Tensor& slot_ids, Tensor out) {
+                         const Tensor& cursor, const Tensor& A, const Tensor& slot_ids, const OptTensor& positions,
+                         Tensor out) {
   Mamba2ReplayStateParams p;
   TORCH_CHECK_VALUE(checkpoint.dim() == 4 && ring_B.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, ",
                     "headdim, dstate) and ring_B (num_slots, ring_len, ngroups, dstate)");
@@ -251,7 +255,7 @@ void mamba2_replay_state(const Tensor& checkpoint, const Tensor& ring_x, const T
   TORCH_CHECK_VALUE(ngroups > 0 && nheads % ngroups == 0, "replayssm: nheads (", nheads, ") must be a multiple of ngroups (", ngroups, ")");
   const at::Device device = checkpoint.device();
   p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, nullptr, nheads, headdim, ngroups, dstate,
-                              ring_x.scalar_type(), device);
+                              ring_x.scalar_type(), device, /*cursor_may_be_full=*/true);
   p.act_dtype = float_dtype(ring_x, "ring_x");
   check_shape(A, "A", {nheads});
   check_device(A, "A", device);
@@ -266,6 +270,20 @@ void mamba2_replay_state(const Tensor& checkpoint, const Tensor& ring_x, const T
   TORCH_CHECK_VALUE(out.is_contiguous() && A.is_contiguous() && slot_ids.is_contiguous(),
                     "replayssm: out, A and slot_ids must be contiguous");
   check_slot_ids(slot_ids, checkpoint.size(0));
+  if (positions.has_value()) {
+    check_shape(*positions, "positions", {batch});
+    check_device(*positions, "positions", device);
+    check_dtype(*positions, "positions", at::kInt);
+    TORCH_CHECK_VALUE(positions->is_contiguous(), "replayssm: positions must be contiguous");
+    if (!positions->is_cuda())
+      for (int64_t b = 0; b < batch; ++b) {
+        const int64_t s = slot_ids[b].item<int64_t>(), pos = (*positions)[b].item<int64_t>();
+        if (s == kPadSlot) continue;
+        TORCH_CHECK_VALUE(pos >= 0 && pos <= cursor[s].item<int64_t>(), "replayssm: positions[", b, "] = ", pos,
+                          " is not a committed position of slot ", s, " (0..", cursor[s].item<int64_t>(), ")");
+      }
+    p.positions = positions->data_ptr<int>();
+  }
   p.batch = static_cast<int>(batch);
   p.nheads = static_cast<int>(nheads);
   p.headdim = static_cast<int>(headdim);
@@ -280,12 +298,85 @@ void mamba2_replay_state(const Tensor& checkpoint, const Tensor& ring_x, const T
   RSSM_RUN(device, p, mamba2_replay_state);
 }
 
+void mamba2_replay_verify(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor ring_dt, Tensor cursor, const Tensor& x,
+                          const Tensor& dt, const Tensor& A, const Tensor& B, const Tensor& C, const OptTensor& D,
+                          const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus, double dt_min, double dt_max,
+                          const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out) {
+  TORCH_CHECK_VALUE(x.dim() == 4, "replayssm: x must have shape (batch, T, nheads, headdim), got ", shape_str(x.sizes()));
+  TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, headdim, dstate), got ",
+                    shape_str(checkpoint.sizes()));
+  const int64_t T = x.size(1);
+  TORCH_CHECK_VALUE(T >= 1, "replayssm: x must hold at least one token per row");
+  for (auto [t, name] : {std::pair{&dt, "dt"}, {&B, "B"}, {&C, "C"}, {&out, "out"}})
+    TORCH_CHECK_VALUE(t->dim() >= 2 && t->size(1) == T, "replayssm: ", name, " must have T = ", T, " tokens in dim 1, got ",
+                      shape_str(t->sizes()));
+  if (z.has_value())
+    TORCH_CHECK_VALUE(z->dim() >= 2 && z->size(1) == T, "replayssm: z must have T = ", T, " tokens in dim 1, got ",
+                      shape_str(z->sizes()));
+  Mamba2ReplayVerifyParams p;
+  // Token 0's slices validate shapes, dtypes and strides; token k sits k * stride(1) further.
+  const OptTensor z0 = z.has_value() ? OptTensor(z->select(1, 0)) : std::nullopt;
+  fill_token_params(p, x.select(1, 0), dt.select(1, 0), A, B.select(1, 0), C.select(1, 0), D, z0, dt_bias, dt_softplus,
+                    dt_min, dt_max, slot_ids, out.select(1, 0), checkpoint.size(0));
+  p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, nullptr, p.nheads, p.headdim, p.ngroups, p.dstate,
+                              x.scalar_type(), x.device(), /*cursor_may_be_full=*/true);
+  TORCH_CHECK_VALUE(T <= p.cache.ring_len, "replayssm: a window of T = ", T, " tokens does not fit a ring of ",
+                    p.cache.ring_len, " (ring_len = history + window)");
+  p.ntokens = static_cast<int>(T);
+  p.x_token_stride = x.stride(1);
+  p.dt_token_stride = dt.stride(1);
+  p.B_token_stride = B.stride(1);
+  p.C_token_stride = C.stride(1);
+  p.z_token_stride = z.has_value() ? z->stride(1) : 0;
+  p.out_token_stride = out.stride(1);
+  if (num_tokens.has_value()) {
+    check_shape(*num_tokens, "num_tokens", {x.size(0)});
+    check_device(*num_tokens, "num_tokens", x.device());
+    check_dtype(*num_tokens, "num_tokens", at::kInt);
+    TORCH_CHECK_VALUE(num_tokens->is_contiguous(), "replayssm: num_tokens must be contiguous");
+    if (!num_tokens->is_cuda())
+      TORCH_CHECK_VALUE(!(*num_tokens < 1).logical_or(*num_tokens > T).any().item<bool>(),
+                        "replayssm: every num_tokens must be in [1, T = ", T, "]");
+    p.num_tokens = num_tokens->data_ptr<int>();
+  }
+  if (p.batch == 0) return;
+  mamba2_replay_verify_cpu(p);  // CUDA: a later kernel (the op has no CUDA registration yet)
+}
+
+// Device-side and graph-safe: plain tensor ops, no sync. Pad rows add 0 (to slot 0).
+void mamba2_replay_commit(Tensor cursor, int64_t ring_len, const Tensor& slot_ids, const Tensor& accepted) {
+  check_shape(cursor, "cursor", {-1});
+  check_dtype(cursor, "cursor", at::kInt);
+  check_shape(slot_ids, "slot_ids", {-1});
+  check_shape(accepted, "accepted", {slot_ids.size(0)});
+  check_device(slot_ids, "slot_ids", cursor.device());
+  check_device(accepted, "accepted", cursor.device());
+  check_dtype(accepted, "accepted", at::kInt);
+  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
+                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
+  TORCH_CHECK_VALUE(ring_len >= kMinRing && ring_len <= kMaxRing, "replayssm: ring_len must be in [", kMinRing, ", ", kMaxRing,
+                    "], got ", ring_len);
+  const Tensor pad = slot_ids.eq(kPadSlot);
+  const Tensor index = slot_ids.masked_fill(pad, 0).to(at::kLong);
+  const Tensor add = accepted.masked_fill(pad, 0);
+  if (!cursor.is_cuda()) {
+    check_slot_ids(slot_ids, cursor.size(0));
+    const Tensor after = cursor.index_select(0, index) + add;
+    TORCH_CHECK_VALUE(!(add < 0).logical_or(after > ring_len).any().item<bool>(),
+                      "replayssm: accepted counts must be >= 0 and keep every cursor within ring_len = ", ring_len);
+  }
+  cursor.scatter_add_(0, index, add);
+  cursor.clamp_(0, ring_len);  // on the GPU, where nothing can be raised, out-of-range counts are clamped
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(replayssm, CPU, m) {
   m.impl("mamba2_step", &mamba2_step);
   m.impl("mamba2_replay_step", &mamba2_replay_step);
   m.impl("mamba2_replay_state", &mamba2_replay_state);
+  m.impl("mamba2_replay_verify", &mamba2_replay_verify);
+  m.impl("mamba2_replay_commit", &mamba2_replay_commit);
 }
 
 #ifdef RSSM_WITH_CUDA
@@ -293,6 +384,7 @@ TORCH_LIBRARY_IMPL(replayssm, CUDA, m) {
   m.impl("mamba2_step", &mamba2_step);
   m.impl("mamba2_replay_step", &mamba2_replay_step);
   m.impl("mamba2_replay_state", &mamba2_replay_state);
+  m.impl("mamba2_replay_commit", &mamba2_replay_commit);
 }
 #endif
 

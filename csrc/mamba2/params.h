@@ -65,6 +65,16 @@ struct Mamba2ReplayStepParams : Mamba2TokenParams {
   Mamba2ReplayCacheParams cache;
 };
 
+// Speculative verification of up to `ntokens` tentative tokens per row (MATH.md, "Verifying T tokens at
+// once"). The Mamba2TokenParams pointers address token 0; token k is `k * *_token_stride` further.
+struct Mamba2ReplayVerifyParams : Mamba2TokenParams {
+  Mamba2ReplayCacheParams cache;
+  int ntokens = 0;                 // T (the window)
+  const int* num_tokens = nullptr;  // (batch,) tokens of each row, 1..T, or null: T for every row
+  int64_t x_token_stride = 0, dt_token_stride = 0, B_token_stride = 0, C_token_stride = 0, z_token_stride = 0,
+          out_token_stride = 0;
+};
+
 // Writes the state at each slot's current cursor (checkpoint with the ring folded in) to out.
 struct Mamba2ReplayStateParams {
   int batch = 0, nheads = 0, headdim = 0, ngroups = 0, dstate = 0;
@@ -74,6 +84,7 @@ struct Mamba2ReplayStateParams {
   const void* slot_ids = nullptr;
   bool slot_ids_int64 = false;
   int64_t num_slots = 0;
+  const int* positions = nullptr;  // (batch,) committed position of each row (<= cursor), or null: the cursor
   float* out = nullptr;  // (batch, nheads, headdim, dstate) fp32, contiguous
 };
 

@@ -1,0 +1,188 @@
+"""Mamba-2 speculative verification on the replay cache: verify T tentative tokens from the checkpoint and the
+ring, accept some by moving the cursor, fold early when the next window would not fit."""
+import pytest
+import torch
+
+import replayssm
+from replayssm import PAD_SLOT, Mamba2ReplayCache
+from replayssm import reference as R
+
+from helpers import Layer, rel_err, tolerance
+
+TOL = tolerance(torch.float32, torch.float32)
+
+
+def make_gen():
+    gen = torch.Generator()
+    gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
+    return gen
+
+
+def needs_verify_kernel(device):
+    if device == "cuda" and not torch._C._dispatch_has_kernel_for_dispatch_key("replayssm::mamba2_replay_verify", "CUDA"):
+        pytest.skip("the CUDA verify kernel is not built yet (issue 3): CPU implementation only")
+
+
+def tokens(layer, batch, T, gen):
+    """T tokens per row, stacked on dim 1."""
+    toks = [layer.token(batch, torch.float32, gen) for _ in range(T)]
+    return {k: torch.stack([t[k] for t in toks], 1) for k in toks[0]}
+
+
+def token_k(tok, rows, k):
+    return {name: v[rows, k].cpu() for name, v in tok.items()}
+
+
+def test_reference_verify_form_equals_sequential_recurrence():
+    gen = make_gen()
+    H, P, N, G, w, T = 4, 5, 6, 2, 7, 4
+    layer = Layer(H, P, G, N, "cpu", gen)
+    ckpt = torch.randn(2, H, P, N, generator=gen, dtype=torch.float64)
+    ring, window = tokens(layer, 2, w, gen), tokens(layer, 2, T, gen)
+    state = ckpt.clone()
+    for k in range(w):
+        _, state = layer.reference_step(state, token_k(ring, [0, 1], k))
+    want = []
+    for k in range(T):
+        y, state = layer.reference_step(state, token_k(window, [0, 1], k))
+        want.append(y)
+    proc = lambda t: R.process_dt(t["dt"], layer.dt_bias, True)
+    got = R.mamba2_verify(ckpt, ring["x"], ring["B"], proc(ring), window["x"], proc(window), layer.A, window["B"],
+                          window["C"], layer.D, window["z"])
+    assert torch.allclose(got, torch.stack(want, 1), rtol=1e-10, atol=1e-12)
+
+
+def test_verify_commit_property_over_many_steps(device):
+    """Random window sizes per row, random accepted counts (only the first token .. all), folds whenever the
+    window would not fit: every output of every tentative token, and the state at every committed position,
+    equal the float64 sequential recurrence over the accepted tokens. Rows that fold on the first step (cursor
+    at the ring's end), a row that joins late and never folds, and a pad row."""
+    needs_verify_kernel(device)
+    gen = make_gen()
+    H, P, N, G, history, T = 4, 8, 16, 2, 5, 4
+    L = history + T
+    layer = Layer(H, P, G, N, device, gen)
+    batch, num_slots, steps = 5, 7, 120
+    slots = torch.randperm(num_slots, generator=gen)[:batch]
+    cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=torch.float32, device=device)
+    init = torch.randn(batch, H, P, N, generator=gen) * 0.5
+    cache.reset(slots.to(device), init.to(device))
+    ref = {s: init[b].double() for b, s in enumerate(slots.tolist())}
+    cursor = {s: 0 for s in slots.tolist()}
+    since_fold = {s: [ref[s]] for s in slots.tolist()}  # reference state at each committed position
+    # Rows 0 and 1 start with full rings: their first verify folds.
+    for b in (0, 1):
+        s = slots[b].item()
+        warm = tokens(layer, 1, L, gen)
+        out = replayssm.mamba2_replay_verify(cache, warm["x"], warm["dt"], layer.A, warm["B"], warm["C"], z=warm["z"],
+                                             slot_ids=slots[b:b + 1].to(device, torch.int32), **layer.kwargs())
+        replayssm.mamba2_replay_commit(cache, slots[b:b + 1].to(device, torch.int32),
+                                       torch.tensor([L], dtype=torch.int32, device=device))
+        for k in range(L):
+            _, ref[s] = layer.reference_step(ref[s][None], token_k(warm, [0], k))
+            ref[s] = ref[s][0]
+            since_fold[s].append(ref[s])
+        cursor[s] = L
+    join_at = [0, 0, 0, -1, steps - 3]  # row 3 is a pad row throughout; row 4 joins at the end
+    folds = 0
+    for step in range(steps):
+        active = [b for b in range(batch) if join_at[b] >= 0 and step >= join_at[b]]
+        ids = torch.full((batch,), PAD_SLOT, dtype=torch.int32)
+        ids[active] = slots[active].to(torch.int32)
+        ids = ids.to(device)
+        n_tok = torch.randint(1, T + 1, (batch,), generator=gen, dtype=torch.int32)
+        tok = tokens(layer, batch, T, gen)
+        out = torch.full_like(tok["x"], float("nan"))
+        ckpt_before = cache.checkpoint.clone()
+        replayssm.mamba2_replay_verify(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"], slot_ids=ids,
+                                       num_tokens=n_tok.to(device), out=out, **layer.kwargs())
+        accepted = torch.zeros(batch, dtype=torch.int32)
+        for b in range(batch):
+            if b not in active:
+                assert torch.isnan(out[b]).all()
+                continue
+            s, nb = slots[b].item(), n_tok[b].item()
+            fold = cursor[s] + nb > L
+            assert torch.equal(cache.checkpoint[s], ckpt_before[s]) != fold, "checkpoint written iff the window did not fit"
+            if fold:
+                folds += 1
+                cursor[s] = 0
+                since_fold[s] = [ref[s]]
+            state, states = ref[s][None], []
+            for k in range(nb):
+                y, state = layer.reference_step(state, token_k(tok, [b], k))
+                states.append(state[0])
+                assert rel_err(out[b, k], y[0]) < TOL, (step, b, k)
+            assert torch.isnan(out[b, nb:]).all()  # tokens beyond the row's count are untouched
+            n_acc = torch.randint(1, nb + 1, (), generator=gen).item()
+            accepted[b] = n_acc
+            ref[s] = states[n_acc - 1]
+            since_fold[s] += states[:n_acc]
+            cursor[s] += n_acc
+        replayssm.mamba2_replay_commit(cache, ids, accepted.to(device))
+        assert [cache.cursor[s].item() for s in slots[active].tolist()] == [cursor[s] for s in slots[active].tolist()]
+        if step % 10 == 0 or step == steps - 1:
+            live = [b for b in active]
+            sl = slots[live]
+            got = replayssm.mamba2_replay_state(cache, layer.A, sl.to(device, torch.int32))
+            want = torch.stack([ref[s] for s in sl.tolist()])
+            assert rel_err(got, want) < TOL
+            pos = torch.tensor([torch.randint(0, cursor[s] + 1, (), generator=gen).item() for s in sl.tolist()],
+                               dtype=torch.int32)
+            got = replayssm.mamba2_replay_state(cache, layer.A, sl.to(device, torch.int32), positions=pos.to(device))
+            want = torch.stack([since_fold[s][p] for s, p in zip(sl.tolist(), pos.tolist())])
+            assert rel_err(got, want) < TOL
+    assert folds > 10
+
+
+def test_greedy_speculative_decoding_gives_the_tokens_of_plain_decoding(device):
+    """A toy language model around one Mamba-2 layer: greedy decoding with the standard step, and speculative
+    decoding (drafts from a noisy copy of the greedy sequence, verify, accept the matching prefix, commit)
+    produce exactly the same tokens."""
+    needs_verify_kernel(device)
+    gen = make_gen()
+    H, P, N, G, V, T = 4, 8, 16, 2, 23, 4
+    d = H * P
+    layer = Layer(H, P, G, N, device, gen, with_z=False)
+    E = torch.randn(V, d, generator=gen).to(device)
+    W_dt, W_B, W_C = (torch.randn(d, k, generator=gen).to(device) / d**0.5 for k in (H, G * N, G * N))
+    W_out = torch.randn(d, V, generator=gen).to(device)
+
+    def embed(tok_ids):  # (b, t) -> per-token inputs (b, t, ...)
+        u = E[tok_ids]
+        b, t = tok_ids.shape
+        return dict(x=u.view(b, t, H, P), dt=u @ W_dt, B=(u @ W_B).view(b, t, G, N), C=(u @ W_C).view(b, t, G, N))
+
+    steps, start = 40, torch.tensor([[3]], device=device)
+    ids = torch.tensor([0], dtype=torch.int32, device=device)
+    state = torch.zeros(1, H, P, N, device=device)
+    plain, last = [], start
+    for _ in range(steps):
+        t = embed(last)
+        y = replayssm.mamba2_step(state, t["x"][:, 0], t["dt"][:, 0], layer.A, t["B"][:, 0], t["C"][:, 0], slot_ids=ids,
+                                  **layer.kwargs())
+        last = (y.reshape(1, d) @ W_out).argmax(-1, keepdim=True)
+        plain.append(last.item())
+
+    cache = Mamba2ReplayCache.allocate(1, H, P, G, N, ring_len=8 + T, act_dtype=torch.float32, device=device)
+    spec, last, accepted_total = [], start, 0
+    while len(spec) < steps:
+        # Drafts: the next greedy tokens, each replaced by a random one with probability 0.4.
+        n = len(spec)
+        drafts = [plain[n + k] if n + k < steps and torch.rand((), generator=gen) > 0.4
+                  else torch.randint(0, V, (), generator=gen).item() for k in range(T - 1)]
+        window = torch.cat([last, torch.tensor([drafts], device=device)], 1)
+        t = embed(window)
+        y = replayssm.mamba2_replay_verify(cache, t["x"], t["dt"], layer.A, t["B"], t["C"], slot_ids=ids,
+                                           **layer.kwargs())
+        target = (y.reshape(1, T, d) @ W_out).argmax(-1)[0].tolist()  # greedy token after each window token
+        n_acc = 1
+        while n_acc < T and drafts[n_acc - 1] == target[n_acc - 1]:
+            n_acc += 1
+        replayssm.mamba2_replay_commit(cache, ids, torch.tensor([n_acc], dtype=torch.int32, device=device))
+        new = target[:n_acc]  # matched drafts, then the target's own token
+        spec += new
+        accepted_total += n_acc
+        last = torch.tensor([[new[-1]]], device=device)
+    assert spec[:steps] == plain
+    assert accepted_total > steps // 2  # speculation did accept several tokens at a time
