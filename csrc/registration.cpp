@@ -31,4 +31,10 @@ TORCH_LIBRARY(replayssm, m) {
       "bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor? num_tokens, Tensor(f!) out) -> ()");
   // Accept tokens of the last verify: cursor[slot] += accepted (rejected ones are overwritten later).
   m.def("mamba2_replay_commit(Tensor(a!) cursor, int ring_len, Tensor slot_ids, Tensor accepted) -> ()");
+  // The short causal convolution under speculation: outputs of T tentative inputs from the conv state, the
+  // inputs kept in conv_window; commit derives the state after the first accepted ones.
+  m.def(
+      "causal_conv1d_verify(Tensor conv_state, Tensor(a!) conv_window, Tensor x, Tensor weight, Tensor? bias, "
+      "bool silu, Tensor slot_ids, Tensor(b!) out) -> ()");
+  m.def("causal_conv1d_commit(Tensor(a!) conv_state, Tensor conv_window, Tensor slot_ids, Tensor accepted) -> ()");
 }

@@ -84,3 +84,22 @@ class Mamba2ReplayCache:
                 raise ValueError(f"state must have shape {expected}, got {tuple(state.shape)}")
             self.checkpoint.index_copy_(0, slot_ids, state.to(self.checkpoint.dtype))
         self.cursor.index_fill_(0, slot_ids, 0)
+
+
+@dataclass
+class ConvCache:
+    """The short convolution's cache of one layer under speculation:
+        conv_state  (s, dim, width - 1)  the last width - 1 committed inputs, oldest first
+        conv_window (s, T, dim)          the inputs of the last verified window (tentative)
+    """
+
+    conv_state: torch.Tensor
+    conv_window: torch.Tensor
+
+    @classmethod
+    def allocate(cls, num_slots: int, dim: int, *, width: int = 4, window: int = 4, dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str = "cpu") -> "ConvCache":
+        if width < 2:
+            raise ValueError(f"width must be at least 2, got {width}")
+        return cls(conv_state=torch.zeros(num_slots, dim, width - 1, dtype=dtype, device=device),
+                   conv_window=torch.zeros(num_slots, window, dim, dtype=dtype, device=device))

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .cache import Mamba2ReplayCache
+from .cache import ConvCache, Mamba2ReplayCache
 
 PAD_SLOT = -1
 """Slot id of a padding row."""
@@ -143,6 +143,24 @@ def mamba2_replay_commit(cache: Mamba2ReplayCache, slot_ids: torch.Tensor, accep
     torch.ops.replayssm.mamba2_replay_commit(cache.cursor, cache.ring_len, slot_ids, accepted)
 
 
+def causal_conv1d_verify(cache: ConvCache, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                         silu: bool = True, slot_ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Depthwise causal convolution of T tentative inputs x (b, T, dim) per row, from each slot's conv state:
+    out[b, k] = act(sum_w weight[:, w] * seq[k + w] + bias) over seq = [state, x[b]]. The state is not
+    touched; the inputs are kept in ``cache.conv_window`` for :func:`causal_conv1d_commit`. weight (dim, W) and
+    bias (dim,) fp32; x, out in the cache's dtype. CPU now (the CUDA kernel is a later issue)."""
+    if out is None:
+        out = torch.empty_like(x)
+    torch.ops.replayssm.causal_conv1d_verify(cache.conv_state, cache.conv_window, x, weight, bias, silu, slot_ids, out)
+    return out
+
+
+def causal_conv1d_commit(cache: ConvCache, slot_ids: torch.Tensor, accepted: torch.Tensor) -> None:
+    """After accepting ``accepted[b]`` (int32) of the last verified inputs, each slot's conv state becomes exactly
+    the state the sequential model would have: the last width - 1 of [state, accepted inputs]."""
+    torch.ops.replayssm.causal_conv1d_commit(cache.conv_state, cache.conv_window, slot_ids, accepted)
+
+
 # Fake kernels: the ops only mutate their (a!) arguments and return nothing, so shape propagation has
 # nothing to compute. They let torch.compile trace the ops without running them.
 @torch.library.register_fake("replayssm::mamba2_step")
@@ -169,4 +187,14 @@ def _mamba2_replay_verify_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, x, d
 
 @torch.library.register_fake("replayssm::mamba2_replay_commit")
 def _mamba2_replay_commit_fake(cursor, ring_len, slot_ids, accepted):
+    return None
+
+
+@torch.library.register_fake("replayssm::causal_conv1d_verify")
+def _causal_conv1d_verify_fake(conv_state, conv_window, x, weight, bias, silu, slot_ids, out):
+    return None
+
+
+@torch.library.register_fake("replayssm::causal_conv1d_commit")
+def _causal_conv1d_commit_fake(conv_state, conv_window, slot_ids, accepted):
     return None

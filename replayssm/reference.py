@@ -93,3 +93,16 @@ def mamba2_verify(checkpoint, ring_x, ring_B, ring_dt, xs, dts_processed, A, Bs,
         )
         ys.append(y)
     return torch.stack(ys, 1)
+
+
+def causal_conv1d(seq: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, silu: bool = True,
+                  history: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Sequential depthwise causal convolution, float64: seq (t, dim), weight (dim, W); history (W - 1, dim)
+    of earlier inputs (zeros when None). out[k] = act(sum_w weight[:, w] * [history, seq][k + w] + bias)."""
+    W = weight.shape[1]
+    history = torch.zeros(W - 1, seq.shape[1], dtype=f64) if history is None else history.to(f64)
+    full = torch.cat([history, seq.to(f64)], 0)
+    out = torch.stack([(full[k:k + W].T * weight.to(f64)).sum(1) for k in range(seq.shape[0])])
+    if bias is not None:
+        out = out + bias.to(f64)
+    return F.silu(out) if silu else out

@@ -186,3 +186,60 @@ def test_greedy_speculative_decoding_gives_the_tokens_of_plain_decoding(device):
         last = torch.tensor([[new[-1]]], device=device)
     assert spec[:steps] == plain
     assert accepted_total > steps // 2  # speculation did accept several tokens at a time
+
+
+def test_conv_state_rolls_back_with_the_accepted_count(device):
+    """Over many verify/commit steps with random windows and accepted counts, the conv outputs equal the
+    sequential convolution over the accepted history followed by the window, and after each commit the conv
+    state is exactly the last W - 1 accepted inputs."""
+    if device == "cuda" and not torch._C._dispatch_has_kernel_for_dispatch_key("replayssm::causal_conv1d_verify", "CUDA"):
+        pytest.skip("the CUDA conv verify kernel is not built yet (issue 3): CPU implementation only")
+    gen = make_gen()
+    dim, W, T, batch = 12, 4, 5, 3
+    cache = replayssm.ConvCache.allocate(4, dim, width=W, window=T, dtype=torch.float32, device=device)
+    weight = torch.randn(dim, W, generator=gen).to(device)
+    bias = torch.randn(dim, generator=gen).to(device)
+    slots = torch.tensor([2, PAD_SLOT, 0], dtype=torch.int32, device=device)
+    history = {2: torch.zeros(0, dim, dtype=torch.float64), 0: torch.zeros(0, dim, dtype=torch.float64)}
+    pad_window = cache.conv_window[[1, 3]].clone()
+    for step in range(40):
+        n = torch.randint(1, T + 1, (), generator=gen).item()
+        x = torch.randn(batch, n, dim, generator=gen).to(device)
+        out = torch.full_like(x, float("nan"))
+        replayssm.causal_conv1d_verify(cache, x, weight, bias, slot_ids=slots, out=out)
+        accepted = torch.randint(0, n + 1, (batch,), generator=gen, dtype=torch.int32)
+        for b, s in ((0, 2), (2, 0)):
+            hist = history[s][-(W - 1):]
+            hist = torch.cat([torch.zeros(W - 1 - hist.shape[0], dim, dtype=torch.float64), hist])
+            want = R.causal_conv1d(x[b].cpu(), weight.cpu(), bias.cpu(), True, hist)
+            assert rel_err(out[b], want) < TOL
+            history[s] = torch.cat([history[s], x[b, :accepted[b]].cpu().double()])
+        assert torch.isnan(out[1]).all()
+        replayssm.causal_conv1d_commit(cache, slots, accepted.to(device))
+        for s in (2, 0):
+            last = history[s][-(W - 1):]
+            last = torch.cat([torch.zeros(W - 1 - last.shape[0], dim, dtype=torch.float64), last])
+            assert torch.equal(cache.conv_state[s].cpu().double(), last.T)
+    assert torch.equal(cache.conv_window[[1, 3]], pad_window)  # slots of no row untouched
+
+
+def test_opcheck_speculative_ops():
+    gen = make_gen()
+    H, P, N, G, T = 4, 8, 16, 2, 3
+    layer = Layer(H, P, G, N, "cpu", gen)
+    cache = Mamba2ReplayCache.allocate(3, H, P, G, N, ring_len=8, act_dtype=torch.float32)
+    tok = tokens(layer, 2, T, gen)
+    ids = torch.tensor([2, 0], dtype=torch.int32)
+    out = torch.empty_like(tok["x"])
+    torch.library.opcheck(torch.ops.replayssm.mamba2_replay_verify.default,
+                          (cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, tok["x"], tok["dt"],
+                           layer.A, tok["B"], tok["C"], layer.D, tok["z"], layer.dt_bias, True, 0.0, float("inf"), ids,
+                           torch.tensor([3, 1], dtype=torch.int32), out))
+    torch.library.opcheck(torch.ops.replayssm.mamba2_replay_commit.default,
+                          (cache.cursor, 8, ids, torch.tensor([1, 2], dtype=torch.int32)))
+    conv = replayssm.ConvCache.allocate(3, 6, width=4, window=T, dtype=torch.float32)
+    x = torch.randn(2, T, 6, generator=gen)
+    torch.library.opcheck(torch.ops.replayssm.causal_conv1d_verify.default,
+                          (conv.conv_state, conv.conv_window, x, torch.randn(6, 4), None, True, ids, torch.empty_like(x)))
+    torch.library.opcheck(torch.ops.replayssm.causal_conv1d_commit.default,
+                          (conv.conv_state, conv.conv_window, ids, torch.tensor([2, 1], dtype=torch.int32)))
