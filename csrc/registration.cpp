@@ -37,4 +37,23 @@ TORCH_LIBRARY(replayssm, m) {
       "causal_conv1d_verify(Tensor conv_state, Tensor(a!) conv_window, Tensor x, Tensor weight, Tensor? bias, "
       "bool silu, Tensor slot_ids, Tensor(b!) out) -> ()");
   m.def("causal_conv1d_commit(Tensor(a!) conv_state, Tensor conv_window, Tensor slot_ids, Tensor accepted) -> ()");
+
+  // Gated DeltaNet (value heads HV a multiple of key heads H; state (V, K) per value head). Standard step:
+  // reads and writes state[slot_ids[b]].
+  m.def(
+      "gdn_step(Tensor(a!) state, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor? dt_bias, "
+      "bool l2norm, float scale, Tensor slot_ids, Tensor(b!) out) -> ()");
+  // Replay step: output from checkpoint + ring (u, k, g); appends to the ring, or folds when it is full.
+  m.def(
+      "gdn_replay_step(Tensor(a!) checkpoint, Tensor(b!) ring_u, Tensor(c!) ring_k, Tensor(d!) ring_g, Tensor(e!) cursor, "
+      "Tensor(f!) arrivals, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor? dt_bias, bool l2norm, "
+      "float scale, Tensor slot_ids, Tensor(g!) out) -> ()");
+  // Speculative verification of T tokens per row (q: (batch, T, H, K)); commit with mamba2_replay_commit.
+  m.def(
+      "gdn_replay_verify(Tensor(a!) checkpoint, Tensor(b!) ring_u, Tensor(c!) ring_k, Tensor(d!) ring_g, Tensor(e!) cursor, "
+      "Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor? dt_bias, bool l2norm, float scale, "
+      "Tensor slot_ids, Tensor? num_tokens, Tensor(f!) out) -> ()");
+  m.def(
+      "gdn_replay_state(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, Tensor slot_ids, "
+      "Tensor? positions, Tensor(a!) out) -> ()");
 }

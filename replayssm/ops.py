@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .cache import ConvCache, Mamba2ReplayCache
+from .cache import ConvCache, GdnReplayCache, Mamba2ReplayCache
 
 PAD_SLOT = -1
 """Slot id of a padding row."""
@@ -72,6 +72,9 @@ def mamba2_replay_step(
     and the slot's cursor advances; when the ring is full the step folds instead (checkpoint <- state after
     this token, cursor <- 0), so the checkpoint is written once every ``cache.ring_len`` tokens.
     Arguments as for :func:`mamba2_step`; x and B must have the cache's activation dtype.
+    A cache is driven either by this step or by verify/commit: after a commit the cursor may equal ring_len,
+    which this step rejects (on the GPU as a device-side assert); use :func:`mamba2_replay_verify` with T = 1
+    on a speculative cache instead.
     """
     if out is None:
         out = torch.empty_like(x)
@@ -140,7 +143,7 @@ def mamba2_replay_verify(
 def mamba2_replay_commit(cache: Mamba2ReplayCache, slot_ids: torch.Tensor, accepted: torch.Tensor) -> None:
     """Accept the first ``accepted[b]`` (int32) tokens of the last verify of each row: the cursor moves over
     them; rejected tokens are simply overwritten later. Device-side, no sync, graph-safe."""
-    torch.ops.replayssm.mamba2_replay_commit(cache.cursor, cache.ring_len, slot_ids, accepted)
+    torch.ops.replayssm.mamba2_replay_commit(cache.cursor, cache.ring_len, slot_ids, accepted)  # any replay cache
 
 
 def causal_conv1d_verify(cache: ConvCache, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -159,6 +162,54 @@ def causal_conv1d_commit(cache: ConvCache, slot_ids: torch.Tensor, accepted: tor
     """After accepting ``accepted[b]`` (int32) of the last verified inputs, each slot's conv state becomes exactly
     the state the sequential model would have: the last width - 1 of [state, accepted inputs]."""
     torch.ops.replayssm.causal_conv1d_commit(cache.conv_state, cache.conv_window, slot_ids, accepted)
+
+
+def gdn_step(state, q, k, v, a, b, A_log, *, slot_ids, dt_bias=None, l2norm=True, scale=None, out=None):
+    """Standard Gated DeltaNet decode step; reads and writes ``state[slot_ids[r]]`` (s, HV, V, K) in place.
+    q, k (b, H, K); v (b, HV, V); a, b (b, HV) raw gate inputs; A_log, dt_bias (HV,) fp32. g = -exp(A_log)
+    softplus(a + dt_bias), beta = sigmoid(b); q and k L2-normalised when ``l2norm``; q scaled by ``scale``
+    (default K^-1/2). Returns o (b, HV, V). CPU now (the CUDA kernels are the rest of issue 4)."""
+    if out is None:
+        out = torch.empty_like(v)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    torch.ops.replayssm.gdn_step(state, q, k, v, a, b, A_log, dt_bias, l2norm, float(scale), slot_ids, out)
+    return out
+
+
+def gdn_replay_step(cache: GdnReplayCache, q, k, v, a, b, A_log, *, slot_ids, dt_bias=None, l2norm=True, scale=None,
+                    out=None):
+    """Replay Gated DeltaNet step: the outputs of :func:`gdn_step` on the same history, from the checkpoint and
+    the ring (u, k, g); appends the token, or folds when the ring is full. Arguments as :func:`gdn_step`."""
+    if out is None:
+        out = torch.empty_like(v)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    torch.ops.replayssm.gdn_replay_step(cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor,
+                                        cache.arrivals, q, k, v, a, b, A_log, dt_bias, l2norm, float(scale), slot_ids, out)
+    return out
+
+
+def gdn_replay_verify(cache: GdnReplayCache, q, k, v, a, b, A_log, *, slot_ids, num_tokens=None, dt_bias=None,
+                      l2norm=True, scale=None, out=None):
+    """Speculative verification of T tokens per row (q, k (b, T, H, K); v (b, T, HV, V); a, b (b, T, HV)): the
+    outputs the sequential recurrence gives them, from the checkpoint and the ring; their corrections go into
+    the ring (a forward substitution through the window). Cursor, early fold and commit
+    (:func:`mamba2_replay_commit` works on any replay cache) as for Mamba-2."""
+    if out is None:
+        out = torch.empty_like(v)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    torch.ops.replayssm.gdn_replay_verify(cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor, q, k, v,
+                                          a, b, A_log, dt_bias, l2norm, float(scale), slot_ids, num_tokens, out)
+    return out
+
+
+def gdn_replay_state(cache: GdnReplayCache, slot_ids, positions=None, out=None):
+    """The fp32 state (b, HV, V, K) of each slot at its cursor or at committed ``positions``; read-only."""
+    if out is None:
+        s, HV, V, K = cache.checkpoint.shape
+        out = torch.zeros(slot_ids.shape[0], HV, V, K, dtype=torch.float32, device=cache.checkpoint.device)
+    torch.ops.replayssm.gdn_replay_state(cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor, slot_ids,
+                                         positions, out)
+    return out
 
 
 # Fake kernels: the ops only mutate their (a!) arguments and return nothing, so shape propagation has
@@ -197,4 +248,26 @@ def _causal_conv1d_verify_fake(conv_state, conv_window, x, weight, bias, silu, s
 
 @torch.library.register_fake("replayssm::causal_conv1d_commit")
 def _causal_conv1d_commit_fake(conv_state, conv_window, slot_ids, accepted):
+    return None
+
+
+@torch.library.register_fake("replayssm::gdn_step")
+def _gdn_step_fake(state, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, out):
+    return None
+
+
+@torch.library.register_fake("replayssm::gdn_replay_step")
+def _gdn_replay_step_fake(checkpoint, ring_u, ring_k, ring_g, cursor, arrivals, q, k, v, a, b, A_log, dt_bias, l2norm, scale,
+                          slot_ids, out):
+    return None
+
+
+@torch.library.register_fake("replayssm::gdn_replay_verify")
+def _gdn_replay_verify_fake(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale,
+                            slot_ids, num_tokens, out):
+    return None
+
+
+@torch.library.register_fake("replayssm::gdn_replay_state")
+def _gdn_replay_state_fake(checkpoint, ring_u, ring_k, ring_g, cursor, slot_ids, positions, out):
     return None

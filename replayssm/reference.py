@@ -106,3 +106,82 @@ def causal_conv1d(seq: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     if bias is not None:
         out = out + bias.to(f64)
     return F.silu(out) if silu else out
+
+
+# ------------------------------------------------------------------------------------------ Gated DeltaNet
+# q, k: (b, H, K) per key head; v: (b, HV, V) per value head (HV a multiple of H); state (b, HV, V, K).
+
+L2_NORM_EPS = 1e-6
+
+
+def gdn_prepare(q, k, a, b, A_log, dt_bias=None, l2norm=True, scale=None):
+    """Inputs as the recurrence uses them, float64: q, k L2-normalised (x / sqrt(sum x^2 + eps)) when asked,
+    q scaled (default K^-1/2), expanded to value heads; g = -exp(A_log) softplus(a + dt_bias); beta = sigmoid(b)."""
+    q, k = q.to(f64), k.to(f64)
+    if l2norm:
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + L2_NORM_EPS)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + L2_NORM_EPS)
+    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
+    a = a.to(f64) + (0 if dt_bias is None else dt_bias.to(f64))
+    g = -torch.exp(A_log.to(f64)) * F.softplus(a)
+    return q, k, g, torch.sigmoid(b.to(f64))
+
+
+def _value_heads(t, HV):
+    return t.repeat_interleave(HV // t.shape[-2], dim=-2)
+
+
+def gdn_step(state, q, k, v, g, beta):
+    """One sequential step on prepared inputs (gdn_prepare): S_t = alpha S (I - beta k k^T) + beta v k^T,
+    o = S_t q. Returns (o (b, HV, V), new state), float64."""
+    HV = v.shape[1]
+    qh, kh = _value_heads(q, HV), _value_heads(k, HV)
+    alpha = torch.exp(g)[..., None, None]
+    S = state.to(f64)
+    new = alpha * (S - beta[..., None, None] * torch.einsum("bhvk,bhk,bhj->bhvj", S, kh, kh)) + \
+        beta[..., None, None] * v.to(f64)[..., None] * kh[:, :, None, :]
+    return torch.einsum("bhvk,bhk->bhv", new, qh), new
+
+
+def gdn_replay(checkpoint, ring_u, ring_k, ring_g, q, k, v, g, beta):
+    """The replay form for one token after w ring tokens (MATH.md): ring_u (b, w, HV, V), ring_k (b, w, H, K)
+    normalised, ring_g (b, w, HV). Returns (o, u, state after the token), float64."""
+    HV = v.shape[1]
+    qh, kh = _value_heads(q, HV), _value_heads(k, HV)
+    rk = _value_heads(ring_k.to(f64), HV)                                     # (b, w, HV, K)
+    G = ring_g.to(f64)
+    suffix = torch.flip(torch.cumsum(torch.flip(G, [1]), 1), [1]) - G      # g_{j+1} + ... + g_{w-1}
+    wdec = torch.exp(suffix)                                                  # (b, w, HV)
+    cdec = torch.exp(G.sum(1))[..., None]                                     # (b, HV, 1)
+    S = checkpoint.to(f64)
+    U = ring_u.to(f64) * wdec[..., None]                                      # (b, w, HV, V)
+    Sk = cdec * torch.einsum("bhvk,bhk->bhv", S, kh) + torch.einsum("bjhv,bjhk,bhk->bhv", U, rk, kh)
+    Sq = cdec * torch.einsum("bhvk,bhk->bhv", S, qh) + torch.einsum("bjhv,bjhk,bhk->bhv", U, rk, qh)
+    alpha = torch.exp(g)[..., None]
+    u = beta[..., None] * (v.to(f64) - alpha * Sk)
+    o = alpha * Sq + u * (kh * qh).sum(-1, keepdim=True)
+    prev = cdec[..., None] * S + torch.einsum("bjhv,bjhk->bhvk", U, rk)
+    return o, u, alpha[..., None] * prev + u[..., None] * kh[:, :, None, :]
+
+
+def gdn_verify(state_h, q, k, v, g, beta):
+    """T tokens after the committed history whose state is state_h (b, HV, V, K), by the triangular system of
+    MATH.md: A_ij = beta_i exp(G_i - G_j) (k_i . k_j) for j < i, (I + A) U = R with
+    R_i = beta_i (v_i - exp(G_i) S_h k_i); o_i = exp(G_i) S_h q_i + sum_{j<=i} exp(G_i - G_j) u_j (k_j . q_i).
+    q, k (b, T, H, K); v (b, T, HV, V); g, beta (b, T, HV), prepared. Returns o (b, T, HV, V), float64."""
+    HV = v.shape[2]
+    qh, kh = _value_heads(q, HV), _value_heads(k, HV)                         # (b, T, HV, K)
+    G = torch.cumsum(g, 1)                                                    # (b, T, HV)
+    S = state_h.to(f64)
+    decay = torch.exp(G[:, :, None, :] - G[:, None, :, :])                    # [i, j] = exp(G_i - G_j)
+    kk = torch.einsum("bihk,bjhk->bijh", kh, kh)
+    T = q.shape[1]
+    strict = torch.tril(torch.ones(T, T, dtype=torch.bool), -1)[None, :, :, None]
+    A = torch.where(strict, beta[:, :, None, :] * decay * kk, torch.zeros((), dtype=f64))
+    R = beta[..., None] * (v.to(f64) - torch.exp(G)[..., None] * torch.einsum("bhvk,bihk->bihv", S, kh))
+    M = torch.eye(T, dtype=f64)[None, :, :, None] + A                         # (b, T, T, HV)
+    U = torch.linalg.solve_triangular(M.permute(0, 3, 1, 2), R.permute(0, 2, 1, 3), upper=False)  # (b, HV, T, V)
+    U = U.permute(0, 2, 1, 3)
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))[None, :, :, None]
+    W = torch.where(causal, decay * torch.einsum("bjhk,bihk->bijh", kh, qh), torch.zeros((), dtype=f64))
+    return torch.exp(G)[..., None] * torch.einsum("bhvk,bihk->bihv", S, qh) + torch.einsum("bijh,bjhv->bihv", W, U)

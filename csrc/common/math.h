@@ -37,6 +37,14 @@ RSSM_HD float process_dt(float raw, float bias, bool use_softplus, float dt_min,
   return fminf(fmaxf(dt, dt_min), dt_max);
 }
 
+RSSM_HD float sigmoid(float v) { return 1.f / (1.f + expf(-v)); }
+
+// Gated DeltaNet's log-decay: g = -exp(A_log) * softplus(a + dt_bias) (< 0); alpha = exp(g).
+RSSM_HD float gdn_log_decay(float a, float dt_bias, float A_log) { return -expf(A_log) * softplus(a + dt_bias); }
+
+// Epsilon of the L2 normalisation of q and k (x / sqrt(sum x^2 + eps)), as in fla.
+constexpr float kL2NormEps = 1e-6f;
+
 // The ring holds the tokens since the checkpoint at positions 0..cursor-1. A step appends its token
 // at position `cursor`; when that fills the ring (cursor + 1 == ring_len) the step folds instead:
 // the checkpoint becomes the state after the token and the ring restarts empty.

@@ -412,8 +412,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(&c.arrivals[slot], 1) == gridDim.x * gridDim.y - 1) {
-      c.arrivals[slot] = 0;
+    const int blocks_per_row = gridDim.x * gridDim.y;
+    if (atomicAdd(&c.arrivals[slot], 1) == blocks_per_row - 1) {
+      atomicSub(&c.arrivals[slot], blocks_per_row);  // not a plain store: it must not erase a concurrent arrival
       c.cursor[slot] = next_cursor(w, L);
     }
   }
@@ -434,11 +435,26 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
   rows = (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter;
   // Capped so that shared memory stays small and one thread per head can set up the decays.
   const int64_t cap = std::min<int64_t>({group_rows, 2048, int64_t(kThreads - 1) * p.headdim});
-  const int rows_per_block = static_cast<int>(std::min<int64_t>(rows, cap));
+  int rows_per_block = static_cast<int>(std::min<int64_t>(rows, cap));
+  auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
+  auto smem_for = [&](int r) {
+    return size_t(ReplaySmem<kStages, Layout::kVecsPerLane>(kThreads, kN, p.cache.ring_len, heads_for(r)).total) * sizeof(float);
+  };
+  // Per-head scalars grow with the rows of a block: halve it until its shared memory fits the device.
+  static const size_t smem_limit = [] {
+    int device = 0, bytes = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+    return size_t(bytes);
+  }();
+  while (smem_for(rows_per_block) > smem_limit && rows_per_block > Layout::kRowsPerIter)
+    rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
+  if (smem_for(rows_per_block) > smem_limit)
+    throw std::invalid_argument("replayssm: mamba2_replay_step needs more shared memory than the device has for this "
+                                "dstate and ring_len");
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
-  const int max_heads = std::min((rows_per_block + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups);
-  const ReplaySmem<kStages, Layout::kVecsPerLane> off(kThreads, kN, p.cache.ring_len, max_heads);
-  const size_t smem_bytes = size_t(off.total) * sizeof(float);
+  const int max_heads = heads_for(rows_per_block);
+  const size_t smem_bytes = smem_for(rows_per_block);
   auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kStages, kRingMax>;
   if (smem_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),

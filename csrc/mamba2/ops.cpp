@@ -52,7 +52,7 @@ void fill_token_params(Mamba2TokenParams& p, const Tensor& x, const Tensor& dt, 
   TORCH_CHECK_VALUE(B.dim() == 3, "replayssm: B must have shape (batch, ngroups, dstate), got ", shape_str(B.sizes()));
   const int64_t batch = x.size(0), nheads = x.size(1), headdim = x.size(2), ngroups = B.size(1), dstate = B.size(2);
   TORCH_CHECK_VALUE(ngroups > 0 && nheads % ngroups == 0, "replayssm: nheads (", nheads, ") must be a multiple of ngroups (", ngroups, ")");
-  TORCH_CHECK_VALUE(headdim > 0 && dstate > 0, "replayssm: headdim and dstate must be positive");
+  TORCH_CHECK_VALUE(nheads > 0 && headdim > 0 && dstate > 0, "replayssm: nheads, headdim and dstate must be positive");
   check_cuda_dstate(x, dstate);
   const at::Device device = x.device();
   const at::ScalarType act = x.scalar_type();
@@ -74,7 +74,10 @@ void fill_token_params(Mamba2TokenParams& p, const Tensor& x, const Tensor& dt, 
   TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
                     "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
   for (auto [t, name] : {std::pair{&x, "x"}, {&B, "B"}, {&C, "C"}, {&out, "out"}}) check_inner_contiguous(*t, name);
-  TORCH_CHECK_VALUE(A.stride(0) == 1 && slot_ids.stride(0) == 1 || batch <= 1, "replayssm: A and slot_ids must be contiguous");
+  TORCH_CHECK_VALUE((A.stride(0) == 1 || nheads <= 1) && (slot_ids.stride(0) == 1 || batch <= 1),
+                    "replayssm: A and slot_ids must be contiguous");
+  // The CUDA grids put the batch in a dimension limited to 65535 blocks.
+  TORCH_CHECK_VALUE(!x.is_cuda() || batch <= 65535, "replayssm: the CUDA kernels take at most 65535 rows per call, got ", batch);
   TORCH_CHECK_VALUE(dt_min <= dt_max, "replayssm: dt_min (", dt_min, ") must not exceed dt_max (", dt_max, ")");
 
   p.batch = static_cast<int>(batch);
@@ -252,7 +255,9 @@ void mamba2_replay_state(const Tensor& checkpoint, const Tensor& ring_x, const T
                     "headdim, dstate) and ring_B (num_slots, ring_len, ngroups, dstate)");
   const int64_t batch = slot_ids.size(0), nheads = checkpoint.size(1), headdim = checkpoint.size(2),
                 dstate = checkpoint.size(3), ngroups = ring_B.size(2);
-  TORCH_CHECK_VALUE(ngroups > 0 && nheads % ngroups == 0, "replayssm: nheads (", nheads, ") must be a multiple of ngroups (", ngroups, ")");
+  TORCH_CHECK_VALUE(ngroups > 0 && nheads > 0 && nheads % ngroups == 0, "replayssm: nheads (", nheads,
+                    ") must be a positive multiple of ngroups (", ngroups, ")");
+  TORCH_CHECK_VALUE(!checkpoint.is_cuda() || batch <= 65535, "replayssm: the CUDA kernels take at most 65535 rows per call");
   const at::Device device = checkpoint.device();
   p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, nullptr, nheads, headdim, ngroups, dstate,
                               ring_x.scalar_type(), device, /*cursor_may_be_full=*/true);

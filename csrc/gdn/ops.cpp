@@ -1,0 +1,272 @@
+// The torch layer of the Gated DeltaNet ops: validate, fill the params (the one place), run. CPU for now;
+// the CUDA kernels are the next step of issue 4 (the ops have no CUDA registration until then).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "../common/checks.h"
+#include "../common/math.h"
+#include "cpu.h"
+
+namespace replayssm {
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+void check_slots(const Tensor& slot_ids, int64_t num_slots) {
+  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
+                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
+  TORCH_CHECK_VALUE(slot_ids.is_contiguous(), "replayssm: slot_ids must be contiguous");
+  if (slot_ids.is_cuda()) return;
+  std::vector<int64_t> seen;
+  for (int64_t b = 0; b < slot_ids.size(0); ++b) {
+    const int64_t s = slot_ids[b].item<int64_t>();
+    if (s == kPadSlot) continue;
+    TORCH_CHECK_INDEX(s >= 0 && s < num_slots, "replayssm: slot_ids[", b, "] = ", s, " is out of range for a pool of ",
+                      num_slots, " slots (pad rows use ", kPadSlot, ")");
+    seen.push_back(s);
+  }
+  std::sort(seen.begin(), seen.end());
+  TORCH_CHECK_VALUE(std::adjacent_find(seen.begin(), seen.end()) == seen.end(), "replayssm: slot_ids must not repeat a slot");
+}
+
+// q, k (batch, [T,] H, K); v, out (batch, [T,] HV, V); a, b (batch, [T,] HV). With tokens, T is dim 1.
+void fill_gdn_token(GdnTokenParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b,
+                    const Tensor& A_log, const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids,
+                    const Tensor& out, int64_t num_slots, bool with_tokens) {
+  const int64_t d = with_tokens ? 1 : 0;
+  TORCH_CHECK_VALUE(q.dim() == 3 + d, "replayssm: q must have shape (batch, ", with_tokens ? "T, " : "", "nkheads, kdim), got ",
+                    shape_str(q.sizes()));
+  TORCH_CHECK_VALUE(v.dim() == 3 + d, "replayssm: v must have shape (batch, ", with_tokens ? "T, " : "", "nheads, vdim), got ",
+                    shape_str(v.sizes()));
+  const int64_t batch = q.size(0), T = with_tokens ? q.size(1) : 1, H = q.size(1 + d), K = q.size(2 + d),
+                HV = v.size(1 + d), V = v.size(2 + d);
+  TORCH_CHECK_VALUE(H > 0 && HV % H == 0, "replayssm: value heads (", HV, ") must be a multiple of key heads (", H, ")");
+  auto shp = [&](std::initializer_list<int64_t> tail) {
+    std::vector<int64_t> s{batch};
+    if (with_tokens) s.push_back(T);
+    s.insert(s.end(), tail);
+    return s;
+  };
+  const at::Device device = q.device();
+  const at::ScalarType act = q.scalar_type();
+  p.act_dtype = float_dtype(q, "q");
+  for (auto [t, name, want] : {std::tuple{&k, "k", shp({H, K})}, {&v, "v", shp({HV, V})}, {&a, "a", shp({HV})},
+                               {&b, "b", shp({HV})}, {&out, "out", shp({HV, V})}}) {
+    TORCH_CHECK_VALUE(t->sizes().vec() == want, "replayssm: ", name, " must have shape ", shape_str(want), ", got ",
+                      shape_str(t->sizes()));
+    check_device(*t, name, device);
+    check_dtype(*t, name, act);
+  }
+  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}}) check_inner_contiguous(*t, name);
+  check_shape(A_log, "A_log", {HV});
+  check_dtype(A_log, "A_log", at::kFloat);
+  check_device(A_log, "A_log", device);
+  TORCH_CHECK_VALUE(A_log.is_contiguous(), "replayssm: A_log must be contiguous");
+  if (dt_bias) {
+    check_shape(*dt_bias, "dt_bias", {HV});
+    check_dtype(*dt_bias, "dt_bias", at::kFloat);
+    check_device(*dt_bias, "dt_bias", device);
+    TORCH_CHECK_VALUE(dt_bias->is_contiguous(), "replayssm: dt_bias must be contiguous");
+    p.dt_bias = dt_bias->data_ptr<float>();
+  }
+  check_shape(slot_ids, "slot_ids", {batch});
+  check_device(slot_ids, "slot_ids", device);
+  check_slots(slot_ids, num_slots);
+  p.batch = static_cast<int>(batch);
+  p.nheads = static_cast<int>(HV);
+  p.nkheads = static_cast<int>(H);
+  p.kdim = static_cast<int>(K);
+  p.vdim = static_cast<int>(V);
+  p.ntokens = static_cast<int>(T);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.a = a.data_ptr();
+  p.b = b.data_ptr();
+  p.out = out.data_ptr();
+  p.q_batch_stride = q.stride(0);
+  p.k_batch_stride = k.stride(0);
+  p.v_batch_stride = v.stride(0);
+  p.a_batch_stride = a.stride(0);
+  p.b_batch_stride = b.stride(0);
+  p.out_batch_stride = out.stride(0);
+  p.q_head_stride = q.stride(1 + d);
+  p.k_head_stride = k.stride(1 + d);
+  p.v_head_stride = v.stride(1 + d);
+  p.a_head_stride = a.stride(1 + d);
+  p.b_head_stride = b.stride(1 + d);
+  p.out_head_stride = out.stride(1 + d);
+  if (with_tokens) {
+    p.q_token_stride = q.stride(1);
+    p.k_token_stride = k.stride(1);
+    p.v_token_stride = v.stride(1);
+    p.a_token_stride = a.stride(1);
+    p.b_token_stride = b.stride(1);
+    p.out_token_stride = out.stride(1);
+  }
+  p.A_log = A_log.data_ptr<float>();
+  p.l2norm = l2norm;
+  p.scale = static_cast<float>(scale);
+  p.slot_ids = slot_ids.data_ptr();
+  p.slot_ids_int64 = slot_ids.scalar_type() == at::kLong;
+  p.num_slots = num_slots;
+}
+
+GdnReplayCacheParams fill_gdn_cache(const Tensor& checkpoint, const Tensor& ring_u, const Tensor& ring_k, const Tensor& ring_g,
+                                    const Tensor& cursor, int64_t HV, int64_t H, int64_t K, int64_t V, const at::Device& device,
+                                    bool cursor_may_be_full) {
+  GdnReplayCacheParams c;
+  TORCH_CHECK_VALUE(checkpoint.dim() == 4 && ring_u.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, ",
+                    "vdim, kdim) and ring_u (num_slots, ring_len, nheads, vdim)");
+  const int64_t slots = checkpoint.size(0), L = ring_u.size(1);
+  TORCH_CHECK_VALUE(L >= kMinRing && L <= kMaxRing, "replayssm: ring_len (ring_u.size(1)) must be in [", kMinRing, ", ", kMaxRing,
+                    "], got ", L);
+  check_shape(checkpoint, "checkpoint", {slots, HV, V, K});
+  check_shape(ring_u, "ring_u", {slots, L, HV, V});
+  check_shape(ring_k, "ring_k", {slots, L, H, K});
+  check_shape(ring_g, "ring_g", {slots, L, HV});
+  check_shape(cursor, "cursor", {slots});
+  for (auto [t, name] : {std::pair{&checkpoint, "checkpoint"}, {&ring_u, "ring_u"}, {&ring_k, "ring_k"}, {&ring_g, "ring_g"},
+                         {&cursor, "cursor"}}) {
+    check_device(*t, name, device);
+    check_inner_contiguous(*t, name);
+  }
+  c.ckpt_dtype = float_dtype(checkpoint, "checkpoint");
+  for (auto [t, name] : {std::pair{&ring_u, "ring_u"}, {&ring_k, "ring_k"}, {&ring_g, "ring_g"}}) check_dtype(*t, name, at::kFloat);
+  check_dtype(cursor, "cursor", at::kInt);
+  TORCH_CHECK_VALUE(cursor.is_contiguous(), "replayssm: cursor must be contiguous");
+  const int64_t max_cursor = cursor_may_be_full ? L : L - 1;
+  TORCH_CHECK_VALUE(!(cursor < 0).logical_or(cursor > max_cursor).any().item<bool>(), "replayssm: every cursor must be in [0, ",
+                    max_cursor, "], ring_len = ", L);
+  c.ring_len = static_cast<int>(L);
+  c.checkpoint = checkpoint.data_ptr();
+  c.ckpt_slot_stride = checkpoint.stride(0);
+  c.ckpt_head_stride = checkpoint.stride(1);
+  c.ckpt_row_stride = checkpoint.stride(2);
+  c.ring_u = ring_u.data_ptr<float>();
+  c.ring_u_slot_stride = ring_u.stride(0);
+  c.ring_u_pos_stride = ring_u.stride(1);
+  c.ring_u_head_stride = ring_u.stride(2);
+  c.ring_k = ring_k.data_ptr<float>();
+  c.ring_k_slot_stride = ring_k.stride(0);
+  c.ring_k_pos_stride = ring_k.stride(1);
+  c.ring_k_head_stride = ring_k.stride(2);
+  c.ring_g = ring_g.data_ptr<float>();
+  c.ring_g_slot_stride = ring_g.stride(0);
+  c.ring_g_pos_stride = ring_g.stride(1);
+  c.cursor = cursor.data_ptr<int>();
+  return c;
+}
+
+void gdn_step(Tensor state, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b,
+              const Tensor& A_log, const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids, Tensor out) {
+  GdnStepParams p;
+  TORCH_CHECK_VALUE(state.dim() == 4, "replayssm: state must have shape (num_slots, nheads, vdim, kdim), got ",
+                    shape_str(state.sizes()));
+  fill_gdn_token(p, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, out, state.size(0), false);
+  check_shape(state, "state", {-1, p.nheads, p.vdim, p.kdim});
+  check_device(state, "state", q.device());
+  check_inner_contiguous(state, "state");
+  p.state_dtype = float_dtype(state, "state");
+  p.state = state.data_ptr();
+  p.state_slot_stride = state.stride(0);
+  p.state_head_stride = state.stride(1);
+  p.state_row_stride = state.stride(2);
+  if (p.batch) gdn_step_cpu(p);
+}
+
+void gdn_replay(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, const Tensor& q, const Tensor& k,
+                const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log, const OptTensor& dt_bias, bool l2norm,
+                double scale, const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out, bool verify) {
+  GdnReplayParams p;
+  TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, vdim, kdim), got ",
+                    shape_str(checkpoint.sizes()));
+  fill_gdn_token(p, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, out, checkpoint.size(0), verify);
+  p.cache = fill_gdn_cache(checkpoint, ring_u, ring_k, ring_g, cursor, p.nheads, p.nkheads, p.kdim, p.vdim, q.device(), verify);
+  if (verify) {
+    TORCH_CHECK_VALUE(p.ntokens <= p.cache.ring_len, "replayssm: a window of T = ", p.ntokens, " tokens does not fit a ring of ",
+                      p.cache.ring_len, " (ring_len = history + window)");
+    if (num_tokens) {
+      check_shape(*num_tokens, "num_tokens", {p.batch});
+      check_dtype(*num_tokens, "num_tokens", at::kInt);
+      check_device(*num_tokens, "num_tokens", q.device());
+      TORCH_CHECK_VALUE(num_tokens->is_contiguous(), "replayssm: num_tokens must be contiguous");
+      TORCH_CHECK_VALUE(!(*num_tokens < 1).logical_or(*num_tokens > p.ntokens).any().item<bool>(),
+                        "replayssm: every num_tokens must be in [1, T = ", p.ntokens, "]");
+      p.num_tokens = num_tokens->data_ptr<int>();
+    }
+  }
+  if (!p.batch) return;
+  if (verify) gdn_replay_verify_cpu(p);
+  else gdn_replay_step_cpu(p);
+}
+
+void gdn_replay_step(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, Tensor arrivals,
+                     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log,
+                     const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids, Tensor out) {
+  check_shape(arrivals, "arrivals", {checkpoint.size(0)});
+  check_dtype(arrivals, "arrivals", at::kInt);
+  gdn_replay(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, std::nullopt,
+             out, false);
+}
+
+void gdn_replay_verify(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, const Tensor& q,
+                       const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log,
+                       const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids, const OptTensor& num_tokens,
+                       Tensor out) {
+  gdn_replay(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, num_tokens, out,
+             true);
+}
+
+void gdn_replay_state(const Tensor& checkpoint, const Tensor& ring_u, const Tensor& ring_k, const Tensor& ring_g,
+                      const Tensor& cursor, const Tensor& slot_ids, const OptTensor& positions, Tensor out) {
+  GdnReplayStateParams p;
+  TORCH_CHECK_VALUE(checkpoint.dim() == 4 && ring_k.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, vdim, ",
+                    "kdim) and ring_k (num_slots, ring_len, nkheads, kdim)");
+  const int64_t HV = checkpoint.size(1), V = checkpoint.size(2), K = checkpoint.size(3), H = ring_k.size(2);
+  TORCH_CHECK_VALUE(H > 0 && HV % H == 0, "replayssm: value heads (", HV, ") must be a multiple of key heads (", H, ")");
+  p.cache = fill_gdn_cache(checkpoint, ring_u, ring_k, ring_g, cursor, HV, H, K, V, checkpoint.device(), true);
+  check_shape(slot_ids, "slot_ids", {-1});
+  check_device(slot_ids, "slot_ids", checkpoint.device());
+  check_slots(slot_ids, checkpoint.size(0));
+  const int64_t batch = slot_ids.size(0);
+  check_shape(out, "out", {batch, HV, V, K});
+  check_dtype(out, "out", at::kFloat);
+  TORCH_CHECK_VALUE(out.is_contiguous(), "replayssm: out must be contiguous");
+  if (positions) {
+    check_shape(*positions, "positions", {batch});
+    check_dtype(*positions, "positions", at::kInt);
+    TORCH_CHECK_VALUE(positions->is_contiguous(), "replayssm: positions must be contiguous");
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t s = slot_ids[b].item<int64_t>(), pos = (*positions)[b].item<int64_t>();
+      if (s == kPadSlot) continue;
+      TORCH_CHECK_VALUE(pos >= 0 && pos <= cursor[s].item<int64_t>(), "replayssm: positions[", b, "] = ", pos,
+                        " is not a committed position of slot ", s);
+    }
+    p.positions = positions->data_ptr<int>();
+  }
+  p.batch = static_cast<int>(batch);
+  p.nheads = static_cast<int>(HV);
+  p.nkheads = static_cast<int>(H);
+  p.kdim = static_cast<int>(K);
+  p.vdim = static_cast<int>(V);
+  p.slot_ids = slot_ids.data_ptr();
+  p.slot_ids_int64 = slot_ids.scalar_type() == at::kLong;
+  p.num_slots = checkpoint.size(0);
+  p.out = out.data_ptr<float>();
+  if (p.batch) gdn_replay_state_cpu(p);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(replayssm, CPU, m) {
+  m.impl("gdn_step", &gdn_step);
+  m.impl("gdn_replay_step", &gdn_replay_step);
+  m.impl("gdn_replay_verify", &gdn_replay_verify);
+  m.impl("gdn_replay_state", &gdn_replay_state);
+}
+
+}  // namespace replayssm

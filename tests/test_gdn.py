@@ -1,0 +1,204 @@
+"""Gated DeltaNet: standard step, replay step, verify/commit and state reads against the float64 delta rule
+(../shared/docs/MATH.md, "Gated DeltaNet decode"). The ops have CPU implementations; their CUDA kernels are the
+rest of issue 4, so the CUDA variants skip (reported as skipped) until they exist."""
+import math
+
+import pytest
+import torch
+
+import replayssm
+from replayssm import PAD_SLOT, GdnReplayCache
+from replayssm import reference as R
+
+from helpers import DTYPES, UNIT_ROUNDOFF, rel_err, tolerance
+
+
+def make_gen():
+    gen = torch.Generator()
+    gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
+    return gen
+
+
+def needs_kernel(device, op):
+    if device == "cuda" and not torch._C._dispatch_has_kernel_for_dispatch_key(f"replayssm::{op}", "CUDA"):
+        pytest.skip(f"the CUDA {op} kernel is not built yet (issue 4): CPU implementation only")
+
+
+class GdnLayer:
+    """Parameters as trained layers have them: most decays near 1, a few fast heads."""
+
+    def __init__(self, HV, H, K, V, device, gen):
+        self.shape = (HV, H, K, V)
+        self.A_log = torch.empty(HV).uniform_(0.0, math.log(16.0), generator=gen).to(device)
+        dt0 = torch.exp(torch.empty(HV).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+        self.dt_bias = (dt0 + torch.log(-torch.expm1(-dt0))).to(device)
+        self.device = device
+
+    def token(self, batch, dtype, gen, T=None):
+        HV, H, K, V = self.shape
+        lead = (batch,) if T is None else (batch, T)
+        rnd = lambda *s: torch.randn(*lead, *s, generator=gen).to(self.device, dtype)
+        return dict(q=rnd(H, K), k=rnd(H, K), v=rnd(HV, V), a=rnd(HV), b=rnd(HV))
+
+    def prepared(self, tok):
+        cpu = {k: v.cpu() for k, v in tok.items()}
+        return R.gdn_prepare(cpu["q"], cpu["k"], cpu["a"], cpu["b"], self.A_log.cpu(), self.dt_bias.cpu())
+
+    def reference_step(self, state, tok):
+        q, k, g, beta = self.prepared(tok)
+        return R.gdn_step(state, q, k, tok["v"].cpu(), g, beta)
+
+
+def test_reference_replay_and_verify_forms_equal_the_delta_rule():
+    gen = make_gen()
+    HV, H, K, V, w, T = 4, 2, 6, 5, 7, 4
+    layer = GdnLayer(HV, H, K, V, "cpu", gen)
+    ckpt = torch.randn(2, HV, V, K, generator=gen, dtype=torch.float64)
+    state, us, ks, gs = ckpt.clone(), [], [], []
+    for _ in range(w):
+        tok = layer.token(2, torch.float64, gen)
+        q, k, g, beta = layer.prepared(tok)
+        o_rep, u, s_rep = R.gdn_replay(ckpt, torch.stack(us, 1) if us else torch.zeros(2, 0, HV, V, dtype=torch.float64),
+                                       torch.stack(ks, 1) if ks else torch.zeros(2, 0, H, K, dtype=torch.float64),
+                                       torch.stack(gs, 1) if gs else torch.zeros(2, 0, HV, dtype=torch.float64),
+                                       q, k, tok["v"], g, beta)
+        o_seq, state = R.gdn_step(state, q, k, tok["v"], g, beta)
+        assert torch.allclose(o_rep, o_seq, rtol=1e-10, atol=1e-12)
+        assert torch.allclose(s_rep, state, rtol=1e-10, atol=1e-12)
+        us.append(u), ks.append(k), gs.append(g)
+    window = layer.token(2, torch.float64, gen, T=T)
+    q, k, g, beta = layer.prepared(window)
+    got = R.gdn_verify(state, q, k, window["v"], g, beta)
+    want = []
+    for t in range(T):
+        o, state = R.gdn_step(state, q[:, t], k[:, t], window["v"][:, t], g[:, t], beta[:, t])
+        want.append(o)
+    assert torch.allclose(got, torch.stack(want, 1), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("act_dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_step_and_replay_match_the_delta_rule_across_folds(device, act_dtype, state_dtype):
+    needs_kernel(device, "gdn_replay_step")
+    gen = make_gen()
+    HV, H, K, V, L = 4, 2, 16, 8, 5
+    layer = GdnLayer(HV, H, K, V, device, gen)
+    batch, num_slots, T = 4, 6, 3 * L + 2
+    slots = torch.randperm(num_slots, generator=gen)[:batch]
+    init = torch.randn(num_slots, HV, V, K, generator=gen) * 0.3
+    pool = init.to(device, state_dtype)
+    cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, checkpoint_dtype=state_dtype, device=device)
+    cache.checkpoint.copy_(init)
+    ref_std = init.to(state_dtype).double()
+    ref_rep = ref_std.clone()
+    cursor = [0] * num_slots
+    join_at = [0, 2, 3, -1]  # rows at different cursors; row 3 is a pad row
+    tol = tolerance(act_dtype, state_dtype)
+    for t in range(T):
+        tok = layer.token(batch, act_dtype, gen)
+        active = [b for b in range(batch) if join_at[b] >= 0 and t >= join_at[b]]
+        ids = torch.full((batch,), PAD_SLOT, dtype=torch.int32)
+        ids[active] = slots[active].to(torch.int32)
+        ids = ids.to(device)
+        out_std = torch.full_like(tok["v"], float("nan"))
+        out_rep = torch.full_like(tok["v"], float("nan"))
+        replayssm.gdn_step(pool, **tok, A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids, out=out_std)
+        replayssm.gdn_replay_step(cache, **tok, A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids, out=out_rep)
+        sl = slots[active]
+        sub = {k: v[active] for k, v in tok.items()}
+        y_std, new_std = layer.reference_step(ref_std[sl], sub)
+        y_rep, new_rep = layer.reference_step(ref_rep[sl], sub)
+        ref_std[sl] = R.round_to(new_std, state_dtype)
+        for i, s in enumerate(sl.tolist()):
+            fold = cursor[s] + 1 == L
+            ref_rep[s] = R.round_to(new_rep[i], state_dtype) if fold else new_rep[i]
+            cursor[s] = 0 if fold else cursor[s] + 1
+        assert rel_err(out_std[active], y_std) < tol, t
+        assert rel_err(out_rep[active], y_rep) < tol, t
+        pad = [b for b in range(batch) if b not in active]
+        assert torch.isnan(out_std[pad]).all() and torch.isnan(out_rep[pad]).all()
+    sl = slots[[0, 1, 2]]
+    state_tol = 4 * UNIT_ROUNDOFF[state_dtype] + 2e-5
+    assert rel_err(pool[sl], ref_std[sl]) < state_tol
+    assert rel_err(replayssm.gdn_replay_state(cache, sl.to(device, torch.int32)), ref_rep[sl]) < state_tol
+    assert torch.equal(pool[slots[3]], init[slots[3]].to(device, state_dtype))  # the pad row's slot is untouched
+
+
+def test_verify_commit_property_over_many_steps(device):
+    """Random windows and accepted counts with early folds: every tentative output and every committed state
+    equals the float64 delta rule over the accepted tokens; the checkpoint is written only when a window did
+    not fit."""
+    needs_kernel(device, "gdn_replay_verify")
+    gen = make_gen()
+    HV, H, K, V, history, T = 4, 2, 8, 8, 4, 3
+    L = history + T
+    layer = GdnLayer(HV, H, K, V, device, gen)
+    batch, num_slots = 3, 5
+    slots = torch.randperm(num_slots, generator=gen)[:batch]
+    cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device=device)
+    init = torch.randn(batch, HV, V, K, generator=gen) * 0.3
+    cache.reset(slots.to(device), init.to(device))
+    ref = {s: init[b].double() for b, s in enumerate(slots.tolist())}
+    cursor = {s: 0 for s in slots.tolist()}
+    folds = 0
+    for step in range(60):
+        ids = slots.to(device, torch.int32)
+        n_tok = torch.randint(1, T + 1, (batch,), generator=gen, dtype=torch.int32)
+        tok = layer.token(batch, torch.float32, gen, T=T)
+        out = torch.full_like(tok["v"], float("nan"))
+        before = cache.checkpoint.clone()
+        replayssm.gdn_replay_verify(cache, **tok, A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids,
+                                    num_tokens=n_tok.to(device), out=out)
+        accepted = torch.zeros(batch, dtype=torch.int32)
+        for b, s in enumerate(slots.tolist()):
+            nb = n_tok[b].item()
+            fold = cursor[s] + nb > L
+            assert torch.equal(cache.checkpoint[s], before[s]) != fold
+            folds += fold
+            cursor[s] = 0 if fold else cursor[s]
+            state, states = ref[s][None], []
+            for t in range(nb):
+                o, state = layer.reference_step(state, {k: v[b:b + 1, t] for k, v in tok.items()})
+                states.append(state[0])
+                assert rel_err(out[b, t], o[0]) < tolerance(torch.float32, torch.float32), (step, b, t)
+            n_acc = torch.randint(1, nb + 1, (), generator=gen).item()
+            accepted[b] = n_acc
+            ref[s] = states[n_acc - 1]
+            cursor[s] += n_acc
+        replayssm.mamba2_replay_commit(cache, ids, accepted.to(device))
+        got = replayssm.gdn_replay_state(cache, ids)
+        assert rel_err(got, torch.stack([ref[s] for s in slots.tolist()])) < tolerance(torch.float32, torch.float32)
+    assert folds > 5
+
+
+def test_opcheck_and_bad_inputs():
+    gen = make_gen()
+    HV, H, K, V = 4, 2, 8, 8
+    layer = GdnLayer(HV, H, K, V, "cpu", gen)
+    cache = GdnReplayCache.allocate(3, HV, H, K, V, ring_len=4)
+    ids = torch.tensor([2, 0], dtype=torch.int32)
+    tok = layer.token(2, torch.float32, gen)
+    args = (tok["q"], tok["k"], tok["v"], tok["a"], tok["b"], layer.A_log, layer.dt_bias, True, K ** -0.5, ids)
+    torch.library.opcheck(torch.ops.replayssm.gdn_step.default, (torch.randn(3, HV, V, K),) + args + (torch.empty_like(tok["v"]),))
+    torch.library.opcheck(torch.ops.replayssm.gdn_replay_step.default,
+                          (cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor, cache.arrivals) + args
+                          + (torch.empty_like(tok["v"]),))
+    win = layer.token(2, torch.float32, gen, T=2)
+    torch.library.opcheck(torch.ops.replayssm.gdn_replay_verify.default,
+                          (cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor, win["q"], win["k"],
+                           win["v"], win["a"], win["b"], layer.A_log, layer.dt_bias, True, K ** -0.5, ids, None,
+                           torch.empty_like(win["v"])))
+    torch.library.opcheck(torch.ops.replayssm.gdn_replay_state.default,
+                          (cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor, ids, None,
+                           torch.empty(2, HV, V, K)))
+    with pytest.raises(ValueError, match=r"k must have shape \(2, 2, 8\)"):
+        replayssm.gdn_step(torch.randn(3, HV, V, K), **dict(tok, k=tok["k"][:, :, :4]), A_log=layer.A_log, slot_ids=ids)
+    with pytest.raises(ValueError, match=r"state must have shape \(\*, 4, 4, 8\)"):
+        replayssm.gdn_step(torch.randn(3, HV, V, K), **dict(tok, v=tok["v"][:, :, :4]), A_log=layer.A_log, slot_ids=ids)
+    with pytest.raises(ValueError, match="multiple of key heads"):
+        replayssm.gdn_step(torch.randn(3, 3, V, K), **dict(tok, v=torch.randn(2, 3, V), a=torch.randn(2, 3),
+                                                          b=torch.randn(2, 3)), A_log=torch.randn(3), slot_ids=ids)
+    with pytest.raises(ValueError, match="A_log must have dtype Float"):
+        replayssm.gdn_step(torch.randn(3, HV, V, K), **tok, A_log=layer.A_log.double(), slot_ids=ids)
+    with pytest.raises(IndexError, match=r"slot_ids\[0\] = 5 is out of range"):
+        replayssm.gdn_replay_step(cache, **tok, A_log=layer.A_log, slot_ids=torch.tensor([5, 0], dtype=torch.int32))
