@@ -377,3 +377,29 @@ def test_demo_runs_and_reports_agreement():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "outputs agree: yes" in proc.stdout
     assert "checkpoint written 5 times in 40 tokens" in proc.stdout
+
+
+def test_state_at_committed_positions(device):
+    """mamba2_replay_state with positions: the state after any number of ring tokens since the last fold."""
+    gen = make_gen()
+    H, P, N, G, L = 4, 8, 32, 2, 8
+    layer = Layer(H, P, G, N, device, gen)
+    cache = Mamba2ReplayCache.allocate(3, H, P, G, N, ring_len=L, act_dtype=torch.float32, device=device)
+    init = torch.randn(3, H, P, N, generator=gen)
+    cache.checkpoint.copy_(init)
+    ids = torch.tensor([2, 0], dtype=torch.int32, device=device)
+    history = [init[[2, 0]].double()]
+    for _ in range(L + 3):  # past one fold: the positions count from it
+        tok = layer.token(2, torch.float32, gen)
+        replayssm.mamba2_replay_step(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"], slot_ids=ids,
+                                     **layer.kwargs())
+        _, new = layer.reference_step(history[-1], {k: v.cpu() for k, v in tok.items()})
+        history = [new] if len(history) == L else history + [new]
+    assert cache.cursor[ids.long()].tolist() == [3, 3]
+    for pos in range(4):
+        positions = torch.tensor([pos, 3 - pos], dtype=torch.int32, device=device)
+        got = replayssm.mamba2_replay_state(cache, layer.A, ids, positions=positions)
+        assert rel_err(got[0], history[pos][0]) < 2e-5 and rel_err(got[1], history[3 - pos][1]) < 2e-5
+    if device == "cpu":  # on the GPU the same check is a device-side assert
+        with pytest.raises(ValueError, match="not a committed position"):
+            replayssm.mamba2_replay_state(cache, layer.A, ids, positions=torch.tensor([4, 0], dtype=torch.int32))
