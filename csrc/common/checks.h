@@ -4,12 +4,14 @@
 #include <torch/library.h>
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "dtype.h"
+#include "math.h"
 
 namespace replayssm {
 
@@ -65,6 +67,22 @@ inline void check_vector_aligned(const at::Tensor& t, const char* name) {
   for (int64_t d = 0; ok && d + 1 < t.dim(); ++d) ok = t.size(d) <= 1 || (t.stride(d) * elem) % 16 == 0;
   TORCH_CHECK_VALUE(ok, "replayssm: ", name, " must be 16-byte aligned with every stride but the last a multiple of 16 bytes ",
                     "(the CUDA kernels read its rows as 16-byte vectors); got strides ", shape_str(t.strides()));
+}
+
+// Slot ids are checked here on the CPU (range, and no slot twice in a batch); on the GPU a host check
+// would need a sync, so the kernels check the range themselves (device-side assert).
+inline void check_slot_ids(const at::Tensor& slot_ids, int64_t num_slots) {
+  if (slot_ids.is_cuda()) return;
+  std::vector<int64_t> seen;
+  for (int64_t b = 0; b < slot_ids.size(0); ++b) {
+    const int64_t s = slot_ids[b].item<int64_t>();
+    if (s == kPadSlot) continue;
+    TORCH_CHECK_INDEX(s >= 0 && s < num_slots, "replayssm: slot_ids[", b, "] = ", s, " is out of range for a pool of ",
+                      num_slots, " slots (pad rows use ", kPadSlot, ")");
+    seen.push_back(s);
+  }
+  std::sort(seen.begin(), seen.end());
+  TORCH_CHECK_VALUE(std::adjacent_find(seen.begin(), seen.end()) == seen.end(), "replayssm: slot_ids must not repeat a slot");
 }
 
 }  // namespace replayssm

@@ -34,11 +34,7 @@ void check_conv_args(const Tensor& conv_state, const Tensor& conv_window, const 
   check_device(slot_ids, "slot_ids", conv_state.device());
   TORCH_CHECK_VALUE(slot_ids.dim() == 1 && (slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong),
                     "replayssm: slot_ids must be a 1-d int32 or int64 tensor");
-  for (int64_t b = 0; b < slot_ids.size(0); ++b) {
-    const int64_t s = slot_ids[b].item<int64_t>();
-    TORCH_CHECK_INDEX(s == kPadSlot || (s >= 0 && s < slots), "replayssm: slot_ids[", b, "] = ", s, " is out of range for ",
-                      slots, " slots");
-  }
+  check_slot_ids(slot_ids, slots);
 }
 
 template <typename T>

@@ -7,19 +7,13 @@
 #include <cmath>
 #include <vector>
 
+#include "../common/cpu_utils.h"
 #include "../common/math.h"
 #include "cpu.h"
 
 namespace replayssm {
 namespace {
 
-template <DType D> struct CpuType;
-template <> struct CpuType<DType::kFloat32> { using type = float; };
-template <> struct CpuType<DType::kBFloat16> { using type = c10::BFloat16; };
-template <> struct CpuType<DType::kFloat16> { using type = c10::Half; };
-
-template <typename T> float ld(const void* base, int64_t i) { return static_cast<float>(static_cast<const T*>(base)[i]); }
-template <typename T> void st(void* base, int64_t i, float v) { static_cast<T*>(base)[i] = T(v); }
 
 // One token of one row as the recurrence uses it: q and k of every key head normalised (q scaled), and the
 // log-decay g and beta of every value head.

@@ -15,23 +15,6 @@ namespace {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-void check_slots(const Tensor& slot_ids, int64_t num_slots) {
-  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
-                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
-  TORCH_CHECK_VALUE(slot_ids.is_contiguous(), "replayssm: slot_ids must be contiguous");
-  if (slot_ids.is_cuda()) return;
-  std::vector<int64_t> seen;
-  for (int64_t b = 0; b < slot_ids.size(0); ++b) {
-    const int64_t s = slot_ids[b].item<int64_t>();
-    if (s == kPadSlot) continue;
-    TORCH_CHECK_INDEX(s >= 0 && s < num_slots, "replayssm: slot_ids[", b, "] = ", s, " is out of range for a pool of ",
-                      num_slots, " slots (pad rows use ", kPadSlot, ")");
-    seen.push_back(s);
-  }
-  std::sort(seen.begin(), seen.end());
-  TORCH_CHECK_VALUE(std::adjacent_find(seen.begin(), seen.end()) == seen.end(), "replayssm: slot_ids must not repeat a slot");
-}
-
 // q, k (batch, [T,] H, K); v, out (batch, [T,] HV, V); a, b (batch, [T,] HV). With tokens, T is dim 1.
 void fill_gdn_token(GdnTokenParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b,
                     const Tensor& A_log, const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids,
@@ -74,7 +57,10 @@ void fill_gdn_token(GdnTokenParams& p, const Tensor& q, const Tensor& k, const T
   }
   check_shape(slot_ids, "slot_ids", {batch});
   check_device(slot_ids, "slot_ids", device);
-  check_slots(slot_ids, num_slots);
+  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
+                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
+  TORCH_CHECK_VALUE(slot_ids.is_contiguous(), "replayssm: slot_ids must be contiguous");
+  check_slot_ids(slot_ids, num_slots);
   p.batch = static_cast<int>(batch);
   p.nheads = static_cast<int>(HV);
   p.nkheads = static_cast<int>(H);
@@ -231,7 +217,7 @@ void gdn_replay_state(const Tensor& checkpoint, const Tensor& ring_u, const Tens
   p.cache = fill_gdn_cache(checkpoint, ring_u, ring_k, ring_g, cursor, HV, H, K, V, checkpoint.device(), true);
   check_shape(slot_ids, "slot_ids", {-1});
   check_device(slot_ids, "slot_ids", checkpoint.device());
-  check_slots(slot_ids, checkpoint.size(0));
+  check_slot_ids(slot_ids, checkpoint.size(0));
   const int64_t batch = slot_ids.size(0);
   check_shape(out, "out", {batch, HV, V, K});
   check_dtype(out, "out", at::kFloat);

@@ -6,19 +6,13 @@
 
 #include <vector>
 
+#include "../common/cpu_utils.h"
 #include "../common/math.h"
 #include "cpu.h"
 
 namespace replayssm {
 namespace {
 
-template <DType D> struct CpuType;
-template <> struct CpuType<DType::kFloat32> { using type = float; };
-template <> struct CpuType<DType::kBFloat16> { using type = c10::BFloat16; };
-template <> struct CpuType<DType::kFloat16> { using type = c10::Half; };
-
-template <typename T> float ld(const void* base, int64_t i) { return static_cast<float>(static_cast<const T*>(base)[i]); }
-template <typename T> void st(void* base, int64_t i, float v) { static_cast<T*>(base)[i] = T(v); }
 
 float head_dt(const Mamba2TokenParams& p, int b, int h, float raw) {
   return process_dt(raw, p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);

@@ -29,22 +29,6 @@ void check_cuda_dstate(const Tensor& x, int64_t dstate) {
                     "replayssm: the CUDA kernels support dstate (B.size(-1)) 16, 32, 64, 128 or 256, got ", dstate);
 }
 
-// Slot ids are checked here on the CPU (range, and no slot twice in a batch); on the GPU a host check
-// would need a sync, so the kernels check the range themselves (device-side assert).
-void check_slot_ids(const Tensor& slot_ids, int64_t num_slots) {
-  if (slot_ids.is_cuda()) return;
-  std::vector<int64_t> seen;
-  for (int64_t b = 0; b < slot_ids.size(0); ++b) {
-    const int64_t s = slot_ids[b].item<int64_t>();
-    if (s == kPadSlot) continue;
-    TORCH_CHECK_INDEX(s >= 0 && s < num_slots, "replayssm: slot_ids[", b, "] = ", s, " is out of range for a pool of ",
-                      num_slots, " slots (pad rows use ", kPadSlot, ")");
-    seen.push_back(s);
-  }
-  std::sort(seen.begin(), seen.end());
-  TORCH_CHECK_VALUE(std::adjacent_find(seen.begin(), seen.end()) == seen.end(), "replayssm: slot_ids must not repeat a slot");
-}
-
 void fill_token_params(Mamba2TokenParams& p, const Tensor& x, const Tensor& dt, const Tensor& A, const Tensor& B,
                        const Tensor& C, const OptTensor& D, const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus,
                        double dt_min, double dt_max, const Tensor& slot_ids, const Tensor& out, int64_t num_slots) {

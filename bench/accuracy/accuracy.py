@@ -1,0 +1,198 @@
+"""Accuracy study (issue 5): how the state's storage precision and the fold schedule reach the outputs and the
+state over a long horizon, against a float64 sequential reference, for one Mamba-2 layer (Nemotron-H 8B shape:
+H=128, P=64, N=128, G=8) or one Gated DeltaNet layer (HV=32, H=16, K=V=128), batch 1.
+
+Parameters as trained layers have them (most decays near 1, a few fast heads); inputs drawn in bf16 and fed as
+fp32, so that the output error shows the state's precision, not the activation rounding. Modes: standard step
+with fp32 / bf16 state (rounded every token); replay with fp32 checkpoint; replay with bf16 checkpoint storage,
+rounded to nearest once per fold (L=16). Stochastic rounding at the fold and the bf16 output view are not
+implemented yet (the rest of issue 5).
+
+    python bench/accuracy/accuracy.py --layer mamba2|gdn [--tokens 8192] [--device cpu|cuda]
+writes bench/accuracy/<layer>_accuracy.json and, when matplotlib is installed, <layer>_accuracy.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+import replayssm
+from replayssm import GdnReplayCache, Mamba2ReplayCache
+from replayssm import reference as R
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+MODES = {
+    "standard_fp32_state": ("standard", torch.float32),
+    "standard_bf16_state": ("standard", torch.bfloat16),
+    "replay_fp32_checkpoint": ("replay", torch.float32),
+    "replay_bf16_checkpoint_nearest": ("replay", torch.bfloat16),
+}
+
+
+def log_uniform_dt_bias(n, gen):
+    dt0 = torch.exp(torch.empty(n).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+    return dt0 + torch.log(-torch.expm1(-dt0))  # softplus^-1
+
+
+def bf16_valued(*shape, gen, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16).float()
+
+
+class Mamba2Layer:
+    shape_desc = "Mamba-2 H={H} P=64 N=128 G=8"
+
+    def __init__(self, heads, ring_len, dev, gen):
+        self.H, self.P, self.N, self.G, self.dev = heads, 64, 128, 8, dev
+        self.A = -torch.exp(torch.empty(heads).uniform_(0.0, math.log(16.0), generator=gen))
+        self.dt_bias = log_uniform_dt_bias(heads, gen)
+        self.D = torch.randn(heads, generator=gen)
+        self.kw = dict(D=self.D.to(dev), dt_bias=self.dt_bias.to(dev), dt_softplus=True)
+        self.ids = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.ring_len = ring_len
+
+    def zero_ref(self):
+        return torch.zeros(1, self.H, self.P, self.N, dtype=torch.float64)
+
+    def make(self, kind, dtype):
+        if kind == "standard":
+            return torch.zeros(1, self.H, self.P, self.N, dtype=dtype, device=self.dev)
+        return Mamba2ReplayCache.allocate(1, self.H, self.P, self.G, self.N, ring_len=self.ring_len,
+                                          act_dtype=torch.float32, checkpoint_dtype=dtype, device=self.dev)
+
+    def token(self, gen):
+        H, P, N, G = self.H, self.P, self.N, self.G
+        return dict(x=bf16_valued(1, H, P, gen=gen), dt=bf16_valued(1, H, gen=gen, scale=0.5),
+                    B=bf16_valued(1, G, N, gen=gen), C=bf16_valued(1, G, N, gen=gen), z=bf16_valued(1, H, P, gen=gen))
+
+    def reference(self, ref, t):
+        return R.mamba2_step(ref, t["x"], R.process_dt(t["dt"], self.dt_bias, True), self.A, t["B"], t["C"], self.D, t["z"])
+
+    def step(self, kind, holder, t):
+        t = {k: v.to(self.dev) for k, v in t.items()}
+        A = self.A.to(self.dev)
+        if kind == "standard":
+            return replayssm.mamba2_step(holder, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=self.ids, **self.kw)
+        return replayssm.mamba2_replay_step(holder, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=self.ids, **self.kw)
+
+    def state(self, kind, holder):
+        return holder if kind == "standard" else replayssm.mamba2_replay_state(holder, self.A.to(self.dev), self.ids)
+
+
+class GdnLayer:
+    shape_desc = "Gated DeltaNet HV={H} H=16 K=V=128"
+
+    def __init__(self, heads, ring_len, dev, gen):
+        self.HV, self.Hk, self.K, self.V, self.dev = heads, heads // 2, 128, 128, dev
+        self.A_log = torch.empty(heads).uniform_(0.0, math.log(16.0), generator=gen)
+        self.dt_bias = log_uniform_dt_bias(heads, gen)
+        self.ids = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.ring_len = ring_len
+
+    def zero_ref(self):
+        return torch.zeros(1, self.HV, self.V, self.K, dtype=torch.float64)
+
+    def make(self, kind, dtype):
+        if kind == "standard":
+            return torch.zeros(1, self.HV, self.V, self.K, dtype=dtype, device=self.dev)
+        return GdnReplayCache.allocate(1, self.HV, self.Hk, self.K, self.V, ring_len=self.ring_len, checkpoint_dtype=dtype,
+                                       device=self.dev)
+
+    def token(self, gen):
+        return dict(q=bf16_valued(1, self.Hk, self.K, gen=gen), k=bf16_valued(1, self.Hk, self.K, gen=gen),
+                    v=bf16_valued(1, self.HV, self.V, gen=gen), a=bf16_valued(1, self.HV, gen=gen),
+                    b=bf16_valued(1, self.HV, gen=gen))
+
+    def reference(self, ref, t):
+        q, k, g, beta = R.gdn_prepare(t["q"], t["k"], t["a"], t["b"], self.A_log, self.dt_bias)
+        return R.gdn_step(ref, q, k, t["v"], g, beta)
+
+    def step(self, kind, holder, t):
+        t = {k: v.to(self.dev) for k, v in t.items()}
+        fn = replayssm.gdn_step if kind == "standard" else replayssm.gdn_replay_step
+        return fn(holder, **t, A_log=self.A_log.to(self.dev), dt_bias=self.dt_bias.to(self.dev), slot_ids=self.ids)
+
+    def state(self, kind, holder):
+        return holder if kind == "standard" else replayssm.gdn_replay_state(holder, self.ids)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layer", choices=["mamba2", "gdn"], default="mamba2")
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--heads", type=int, default=None, help="default: 128 (Mamba-2), 32 (GDN value heads)")
+    ap.add_argument("--ring-len", type=int, default=16)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    out_path = args.out or os.path.join(HERE, f"{args.layer}_accuracy.json")
+    gen = torch.Generator().manual_seed(0)
+    heads = args.heads or (128 if args.layer == "mamba2" else 32)
+    layer = (Mamba2Layer if args.layer == "mamba2" else GdnLayer)(heads, args.ring_len, args.device, gen)
+    L = args.ring_len
+    holders = {m: layer.make(kind, dt_) for m, (kind, dt_) in MODES.items()}
+    modes = MODES
+    ref = layer.zero_ref()
+    checkpoints = sorted({16, 256, 2048, args.tokens} & set(range(1, args.tokens + 1)))
+    out_err = {m: [] for m in modes}
+    state_err = {m: {} for m in modes}
+    t0 = time.time()
+    for t in range(1, args.tokens + 1):
+        tok = layer.token(gen)
+        y_ref, ref = layer.reference(ref, tok)
+        for m, (kind, _) in modes.items():
+            y = layer.step(kind, holders[m], tok)
+            out_err[m].append(((y.double().cpu() - y_ref).norm() / y_ref.norm()).item())
+        if t in checkpoints:
+            for m, (kind, _) in modes.items():
+                S = layer.state(kind, holders[m])
+                state_err[m][t] = ((S.double().cpu() - ref).norm() / ref.norm()).item()
+            print(f"token {t}: " + ", ".join(f"{m} out {out_err[m][-1]:.2e} state {state_err[m][t]:.2e}" for m in modes),
+                  f"({time.time() - t0:.0f} s)", flush=True)
+
+    def window_mean(errs, t, half=8):  # output error near token t (mean over a small window)
+        lo, hi = max(0, t - half), min(len(errs), t + half)
+        return sum(errs[lo:hi]) / (hi - lo)
+
+    table = {m: {str(t): {"output": window_mean(out_err[m], t - 1), "state": state_err[m][t]} for t in checkpoints}
+             for m in modes}
+    result = dict(layer=layer.shape_desc.format(H=heads), batch=1, ring_len=L, tokens=args.tokens, device=args.device,
+                  activations="fp32 carrying bf16-valued inputs", table=table,
+                  output_error_per_token={m: out_err[m] for m in modes},
+                  command=" ".join(["python"] + sys.argv), torch=torch.__version__)
+    result["output_error_per_token"] = {m: [float(f"{v:.3g}") for v in e] for m, e in out_err.items()}
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    print(f"\n{'mode':34s}" + "".join(f"{'out@' + str(t):>11s}{'state@' + str(t):>13s}" for t in checkpoints))
+    for m in modes:
+        print(f"{m:34s}" + "".join(f"{table[m][str(t)]['output']:>11.2e}{table[m][str(t)]['state']:>13.2e}" for t in checkpoints))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for m in modes:
+        ax.plot(range(1, args.tokens + 1), out_err[m], label=m, linewidth=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("token")
+    ax.set_ylabel("||y - y_ref|| / ||y_ref||")
+    ax.set_title(f"{layer.shape_desc.format(H=heads)}: output error vs float64 reference (L={L})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_path.replace(".json", ".png"), dpi=120)
+    print("wrote", out_path, out_path.replace(".json", ".png"))
+
+
+if __name__ == "__main__":
+    main()
