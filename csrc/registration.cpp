@@ -18,7 +18,10 @@ TORCH_LIBRARY(replayssm, m) {
   m.def(
       "mamba2_replay_step(Tensor(a!) checkpoint, Tensor(b!) ring_x, Tensor(c!) ring_B, Tensor(d!) ring_dt, "
       "Tensor(e!) cursor, Tensor(f!) arrivals, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
-      "Tensor? dt_bias, bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor(g!) out) -> ()");
+      "Tensor? dt_bias, bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor(g!) out, "
+      "Tensor(h!)? view=None, Tensor? sr_seed=None, Tensor(i!)? fold_count=None) -> ()");
+  // Round x to dtype stochastically (Philox keyed by seed, counter (element, fold)): the folds' rounding, exposed.
+  m.def("stochastic_round(Tensor x, int seed, int fold, ScalarType dtype) -> Tensor");
   // The state of each slot at its cursor, or at a committed position (<= cursor), fp32, into out.
   m.def(
       "mamba2_replay_state(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor ring_dt, Tensor cursor, Tensor A, "

@@ -33,6 +33,11 @@ class Mamba2ReplayCache:
     ring_dt: torch.Tensor
     cursor: torch.Tensor
     arrivals: torch.Tensor
+    # The numerical split (MATH.md): a bf16 view of the checkpoint that serves outputs, refreshed by each fold;
+    # per-slot seeds for stochastic rounding of a narrow checkpoint at folds, and the fold counter Philox uses.
+    view: Optional[torch.Tensor] = None
+    sr_seed: Optional[torch.Tensor] = None
+    fold_count: Optional[torch.Tensor] = None
 
     @classmethod
     def allocate(
@@ -46,14 +51,29 @@ class Mamba2ReplayCache:
         ring_len: int = DEFAULT_RING_LEN,
         act_dtype: torch.dtype = torch.bfloat16,
         checkpoint_dtype: torch.dtype = torch.float32,
+        output_view: Optional[torch.dtype] = None,
+        rounding: str = "nearest",
+        seed: int = 0,
         device: torch.device | str = "cpu",
     ) -> "Mamba2ReplayCache":
-        """A cache of ``num_slots`` empty slots (zero checkpoints, empty rings)."""
+        """A cache of ``num_slots`` empty slots (zero checkpoints, empty rings).
+
+        output_view=torch.bfloat16 keeps a bf16 copy of the checkpoint that every replay step reads for its
+        output instead of the master; the master is then touched only at folds (CPU only for now).
+        rounding="stochastic" (bf16/fp16 checkpoint) rounds the checkpoint at folds stochastically with Philox,
+        seeded per slot from ``seed``: reproducible, unbiased (CPU only for now)."""
         if not MIN_RING_LEN <= ring_len <= MAX_RING_LEN:
             raise ValueError(f"ring_len must be in [{MIN_RING_LEN}, {MAX_RING_LEN}], got {ring_len}")
         if nheads % ngroups:
             raise ValueError(f"nheads ({nheads}) must be a multiple of ngroups ({ngroups})")
+        if output_view not in (None, torch.bfloat16):
+            raise ValueError(f"output_view must be None or torch.bfloat16, got {output_view}")
+        if rounding not in ("nearest", "stochastic"):
+            raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+        if rounding == "stochastic" and checkpoint_dtype == torch.float32:
+            raise ValueError("stochastic rounding needs a bf16 or fp16 checkpoint_dtype")
         kw = dict(device=device)
+        stochastic = rounding == "stochastic"
         return cls(
             checkpoint=torch.zeros(num_slots, nheads, headdim, dstate, dtype=checkpoint_dtype, **kw),
             # Rings are filled before they are read (the cursor says how far); zeros keep them finite anyway.
@@ -62,6 +82,10 @@ class Mamba2ReplayCache:
             ring_dt=torch.zeros(num_slots, ring_len, nheads, dtype=torch.float32, **kw),
             cursor=torch.zeros(num_slots, dtype=torch.int32, **kw),
             arrivals=torch.zeros(num_slots, dtype=torch.int32, **kw),
+            view=None if output_view is None else torch.zeros(num_slots, nheads, headdim, dstate, dtype=output_view, **kw),
+            # Seeds of distinct slots differ: a 64-bit mix of (seed, slot).
+            sr_seed=(torch.arange(num_slots, dtype=torch.int64) * -7046029254386353131 + seed).to(device) if stochastic else None,
+            fold_count=torch.zeros(num_slots, dtype=torch.int32, **kw) if stochastic else None,
         )
 
     @property
@@ -83,6 +107,8 @@ class Mamba2ReplayCache:
             if tuple(state.shape) != expected:
                 raise ValueError(f"state must have shape {expected}, got {tuple(state.shape)}")
             self.checkpoint.index_copy_(0, slot_ids, state.to(self.checkpoint.dtype))
+        if getattr(self, "view", None) is not None:
+            self.view.index_copy_(0, slot_ids, self.checkpoint.index_select(0, slot_ids).to(self.view.dtype))
         self.cursor.index_fill_(0, slot_ids, 0)
 
 

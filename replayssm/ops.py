@@ -81,6 +81,7 @@ def mamba2_replay_step(
     torch.ops.replayssm.mamba2_replay_step(
         cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, cache.arrivals,
         x, dt, A, B, C, D, z, dt_bias, dt_softplus, float(dt_limit[0]), float(dt_limit[1]), slot_ids, out,
+        cache.view, cache.sr_seed, cache.fold_count,
     )
     return out
 
@@ -212,6 +213,12 @@ def gdn_replay_state(cache: GdnReplayCache, slot_ids, positions=None, out=None):
     return out
 
 
+def stochastic_round(x: torch.Tensor, seed: int, fold: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """x (fp32) rounded to bf16/fp16 up or down at random, unbiased, with the same Philox stream as the folds
+    of a slot with this seed at this fold count (element i of the flattened tensor uses counter i)."""
+    return torch.ops.replayssm.stochastic_round(x, seed, fold, dtype)
+
+
 # Fake kernels: the ops only mutate their (a!) arguments and return nothing, so shape propagation has
 # nothing to compute. They let torch.compile trace the ops without running them.
 @torch.library.register_fake("replayssm::mamba2_step")
@@ -221,8 +228,13 @@ def _mamba2_step_fake(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min,
 
 @torch.library.register_fake("replayssm::mamba2_replay_step")
 def _mamba2_replay_step_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, arrivals, x, dt, A, B, C, D, z, dt_bias,
-                             dt_softplus, dt_min, dt_max, slot_ids, out):
+                             dt_softplus, dt_min, dt_max, slot_ids, out, view=None, sr_seed=None, fold_count=None):
     return None
+
+
+@torch.library.register_fake("replayssm::stochastic_round")
+def _stochastic_round_fake(x, seed, fold, dtype):
+    return torch.empty_like(x, dtype=dtype)
 
 
 @torch.library.register_fake("replayssm::mamba2_replay_state")

@@ -8,6 +8,7 @@
 
 #include "../common/cpu_utils.h"
 #include "../common/math.h"
+#include "../common/rounding.h"
 #include "cpu.h"
 
 namespace replayssm {
@@ -86,15 +87,23 @@ void replay_step_cpu(const Mamba2ReplayStepParams& p) {
               x_j[j] = ld<act_t>(c.ring_x, slot * c.ring_x_slot_stride + j * c.ring_x_pos_stride + h * c.ring_x_head_stride + i);
             x_j[w] = x_t;
             const int64_t row = slot * c.ckpt_slot_stride + h * c.ckpt_head_stride + i * c.ckpt_row_stride;
-            float sc = 0.f;
-            for (int n = 0; n < p.dstate; ++n) sc += ld<ckpt_t>(c.checkpoint, row + n) * ld<act_t>(p.C, b * p.C_batch_stride + g * p.C_group_stride + n);
+            const int64_t vrow = slot * c.view_slot_stride + h * c.view_head_stride + i * c.view_row_stride;
+            float sc = 0.f;  // S_c C_t, from the bf16 view when there is one (its rounding reaches this output only)
+            for (int n = 0; n < p.dstate; ++n)
+              sc += (c.view ? ld<c10::BFloat16>(c.view, vrow + n) : ld<ckpt_t>(c.checkpoint, row + n)) *
+                    ld<act_t>(p.C, b * p.C_batch_stride + g * p.C_group_stride + n);
             float y = ckpt_decay * sc;
             for (int j = 0; j <= w; ++j) y += weight[j] * dt_at(j) * bc[j] * x_j[j];
-            if (fold) {  // checkpoint <- state after this token (the only write of the checkpoint)
+            if (fold) {  // checkpoint <- state after this token (the only write of the checkpoint), from the master
               for (int n = 0; n < p.dstate; ++n) {
                 float s = ckpt_decay * ld<ckpt_t>(c.checkpoint, row + n);
                 for (int j = 0; j <= w; ++j) s += weight[j] * dt_at(j) * x_j[j] * ring_B_at(j, g, n);
-                st<ckpt_t>(c.checkpoint, row + n, s);
+                const int64_t index = (int64_t(h) * p.headdim + i) * p.dstate + n;
+                const float stored = c.sr_seed ? stochastic_round_to(c.ckpt_dtype, s,
+                                                                     fold_random(uint64_t(c.sr_seed[slot]), c.fold_count[slot], index))
+                                               : s;
+                st<ckpt_t>(c.checkpoint, row + n, stored);
+                if (c.view) st<c10::BFloat16>(c.view, vrow + n, s);
               }
             } else {
               st<act_t>(c.ring_x, slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride + h * c.ring_x_head_stride + i, x_t);
@@ -107,6 +116,7 @@ void replay_step_cpu(const Mamba2ReplayStepParams& p) {
           for (int n = 0; n < p.dstate; ++n)
             st<act_t>(c.ring_B, slot * c.ring_B_slot_stride + w * c.ring_B_pos_stride + g * c.ring_B_group_stride + n, ring_B_at(w, g, n));
       }
+      if (fold && c.fold_count) c.fold_count[slot] += 1;
       c.cursor[slot] = next_cursor(w, c.ring_len);
     }
   });

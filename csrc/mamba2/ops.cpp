@@ -9,6 +9,8 @@
 
 #include "../common/checks.h"
 #include "../common/math.h"
+#include "../common/rounding.h"
+#include <ATen/Parallel.h>
 #include "cpu.h"
 
 #ifdef RSSM_WITH_CUDA
@@ -217,16 +219,53 @@ void mamba2_step(Tensor state, const Tensor& x, const Tensor& dt, const Tensor& 
   RSSM_RUN(x.device(), p, mamba2_step);
 }
 
+// The numerical split's optional cache tensors: a bf16 view of the checkpoint, per-slot seeds for stochastic
+// rounding at folds, and the per-slot fold counter that Philox counts with.
+void fill_split_params(Mamba2ReplayCacheParams& c, const Tensor& checkpoint, const OptTensor& view, const OptTensor& sr_seed,
+                       const OptTensor& fold_count) {
+  const int64_t slots = checkpoint.size(0);
+  if (view) {
+    check_shape(*view, "view", {slots, checkpoint.size(1), checkpoint.size(2), checkpoint.size(3)});
+    check_dtype(*view, "view", at::kBFloat16);
+    check_device(*view, "view", checkpoint.device());
+    check_inner_contiguous(*view, "view");
+    c.view = view->data_ptr();
+    c.view_slot_stride = view->stride(0);
+    c.view_head_stride = view->stride(1);
+    c.view_row_stride = view->stride(2);
+  }
+  if (sr_seed) {
+    TORCH_CHECK_VALUE(c.ckpt_dtype != DType::kFloat32, "replayssm: stochastic rounding (sr_seed) needs a bf16 or fp16 checkpoint");
+    TORCH_CHECK_VALUE(fold_count.has_value(), "replayssm: stochastic rounding (sr_seed) needs fold_count, its counter");
+    check_shape(*sr_seed, "sr_seed", {slots});
+    check_dtype(*sr_seed, "sr_seed", at::kLong);
+    check_device(*sr_seed, "sr_seed", checkpoint.device());
+    TORCH_CHECK_VALUE(sr_seed->is_contiguous(), "replayssm: sr_seed must be contiguous");
+    c.sr_seed = sr_seed->data_ptr<int64_t>();
+  }
+  if (fold_count) {
+    check_shape(*fold_count, "fold_count", {slots});
+    check_dtype(*fold_count, "fold_count", at::kInt);
+    check_device(*fold_count, "fold_count", checkpoint.device());
+    TORCH_CHECK_VALUE(fold_count->is_contiguous(), "replayssm: fold_count must be contiguous");
+    c.fold_count = fold_count->data_ptr<int>();
+  }
+  TORCH_CHECK_VALUE(!checkpoint.is_cuda() || (!view && !sr_seed && !fold_count),
+                    "replayssm: the bf16 output view and stochastic rounding are not in the CUDA kernel yet (CPU only)");
+}
+
 void mamba2_replay_step(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor ring_dt, Tensor cursor, Tensor arrivals,
                         const Tensor& x, const Tensor& dt, const Tensor& A, const Tensor& B, const Tensor& C,
                         const OptTensor& D, const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus, double dt_min,
-                        double dt_max, const Tensor& slot_ids, Tensor out) {
+                        double dt_max, const Tensor& slot_ids, Tensor out, const OptTensor& view, const OptTensor& sr_seed,
+                        const OptTensor& fold_count) {
   Mamba2ReplayStepParams p;
   TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, headdim, dstate), got ",
                     shape_str(checkpoint.sizes()));
   fill_token_params(p, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, slot_ids, out, checkpoint.size(0));
   p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, &arrivals, p.nheads, p.headdim, p.ngroups,
                               p.dstate, x.scalar_type(), x.device(), /*cursor_may_be_full=*/false);
+  fill_split_params(p.cache, checkpoint, view, sr_seed, fold_count);
   if (p.batch == 0) return;
   RSSM_RUN(x.device(), p, mamba2_replay_step);
 }
@@ -358,9 +397,27 @@ void mamba2_replay_commit(Tensor cursor, int64_t ring_len, const Tensor& slot_id
   cursor.clamp_(0, ring_len);  // on the GPU, where nothing can be raised, out-of-range counts are clamped
 }
 
+Tensor stochastic_round_op(const Tensor& x, int64_t seed, int64_t fold, at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf, "replayssm: stochastic_round rounds to bfloat16 or float16");
+  check_dtype(x, "x", at::kFloat);
+  const Tensor src = x.contiguous();
+  Tensor out = at::empty(x.sizes(), x.options().dtype(dtype));
+  const DType target = dtype == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
+  const float* in = src.const_data_ptr<float>();
+  at::parallel_for(0, src.numel(), 4096, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float r = stochastic_round_to(target, in[i], fold_random(uint64_t(seed), uint32_t(fold), uint64_t(i)));
+      if (target == DType::kBFloat16) out.data_ptr<c10::BFloat16>()[i] = c10::BFloat16(r);
+      else out.data_ptr<c10::Half>()[i] = c10::Half(r);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(replayssm, CPU, m) {
+  m.impl("stochastic_round", &stochastic_round_op);
   m.impl("mamba2_step", &mamba2_step);
   m.impl("mamba2_replay_step", &mamba2_replay_step);
   m.impl("mamba2_replay_state", &mamba2_replay_state);

@@ -59,6 +59,12 @@ struct Mamba2ReplayCacheParams {
   int64_t ring_dt_slot_stride = 0, ring_dt_pos_stride = 0;
   int* cursor = nullptr;    // (num_slots,) tokens in the ring since the checkpoint
   int* arrivals = nullptr;  // (num_slots,) zero between launches; CUDA blocks count in to advance the cursor
+  // The numerical split (MATH.md): an optional bf16 view of the checkpoint that serves outputs (refreshed at
+  // each fold), and optional stochastic rounding of a narrow checkpoint at folds (seeded per slot).
+  void* view = nullptr;  // (num_slots, nheads, headdim, dstate) bf16, or null
+  int64_t view_slot_stride = 0, view_head_stride = 0, view_row_stride = 0;
+  const int64_t* sr_seed = nullptr;  // (num_slots,) or null: round to nearest
+  int* fold_count = nullptr;         // (num_slots,) folds so far (the Philox counter), or null
 };
 
 struct Mamba2ReplayStepParams : Mamba2TokenParams {

@@ -1,0 +1,92 @@
+"""The numerical split (MATH.md): stochastic rounding of a narrow checkpoint at folds (Philox, seeded per slot,
+reproducible, unbiased) and a bf16 view of an FP32 checkpoint that serves outputs without entering history.
+CPU implementations; the CUDA kernels do not take these options yet (they raise a clear error)."""
+import math
+
+import pytest
+import torch
+
+import replayssm
+from replayssm import Mamba2ReplayCache
+
+from helpers import Layer, rel_err
+
+
+def make_gen():
+    gen = torch.Generator()
+    gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
+    return gen
+
+
+def ulp(x, dtype):
+    mant, min_exp = {torch.bfloat16: (7, -126), torch.float16: (10, -14)}[dtype]
+    e = torch.floor(torch.log2(x.abs())).clamp(min=min_exp)
+    return torch.exp2(e - mant)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_stochastic_round_is_unbiased_and_reproducible(dtype):
+    gen = make_gen()
+    x = torch.randn(512, generator=gen) * torch.exp(torch.empty(512).uniform_(-6, 6, generator=gen))
+    folds = 2000
+    draws = torch.stack([replayssm.ops.stochastic_round(x, seed=7, fold=f, dtype=dtype).float() for f in range(folds)])
+    u = ulp(x, dtype)
+    assert ((draws - x).abs() < u).all()  # always one of the two neighbours
+    # The mean of `folds` draws is within 6 standard deviations (each draw's error has std <= ulp / 2) of x.
+    assert ((draws.mean(0) - x).abs() <= 6 * u / (2 * math.sqrt(folds)) + 1e-12 * x.abs()).all()
+    again = replayssm.ops.stochastic_round(x, seed=7, fold=3, dtype=dtype)
+    assert torch.equal(again, draws[3].to(dtype))
+    other = replayssm.ops.stochastic_round(x, seed=8, fold=3, dtype=dtype)
+    assert (other != again).any()
+
+
+def run(cache, layer, steps, gen_seed):
+    gen = torch.Generator().manual_seed(gen_seed)
+    ids = torch.tensor([1, 0], dtype=torch.int32)
+    outs = []
+    for _ in range(steps):
+        tok = layer.token(2, torch.float32, gen)
+        outs.append(replayssm.mamba2_replay_step(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"],
+                                                 slot_ids=ids, **layer.kwargs()))
+    return torch.stack(outs)
+
+
+def test_output_view_never_enters_history():
+    """With a bf16 view the master checkpoint is byte for byte the one without it, while the outputs carry
+    the view's rounding only (bounded by a few bf16 units)."""
+    layer = Layer(4, 8, 2, 32, "cpu", make_gen())
+    L, steps, seed = 4, 23, torch.randint(0, 2**31 - 1, ()).item()
+    init = torch.randn(2, 4, 8, 32, generator=make_gen())
+    plain = Mamba2ReplayCache.allocate(2, 4, 8, 2, 32, ring_len=L, act_dtype=torch.float32)
+    viewed = Mamba2ReplayCache.allocate(2, 4, 8, 2, 32, ring_len=L, act_dtype=torch.float32, output_view=torch.bfloat16)
+    ids = torch.tensor([0, 1], dtype=torch.int32)
+    plain.reset(ids, init)
+    viewed.reset(ids, init)
+    assert torch.equal(viewed.view, init.to(torch.bfloat16))
+    y_plain, y_view = run(plain, layer, steps, seed), run(viewed, layer, steps, seed)
+    assert torch.equal(plain.checkpoint, viewed.checkpoint)
+    assert torch.equal(viewed.view, viewed.checkpoint.to(torch.bfloat16))  # refreshed by the last fold
+    err = max(rel_err(a, b.double()) for a, b in zip(y_view, y_plain))
+    assert 0 < err < 4 * 2.0**-8
+
+
+def test_stochastic_rounding_at_folds_is_reproducible_and_seeded():
+    layer = Layer(4, 8, 2, 32, "cpu", make_gen())
+    L, steps, seed = 4, 17, torch.randint(0, 2**31 - 1, ()).item()
+    make = lambda s: Mamba2ReplayCache.allocate(2, 4, 8, 2, 32, ring_len=L, act_dtype=torch.float32,
+                                                checkpoint_dtype=torch.bfloat16, rounding="stochastic", seed=s)
+    a, b, c = make(1), make(1), make(2)
+    init = torch.randn(2, 4, 8, 32, generator=make_gen())
+    for cache in (a, b, c):
+        cache.reset(torch.tensor([0, 1]), init)
+        run(cache, layer, steps, seed)
+    assert torch.equal(a.checkpoint, b.checkpoint)
+    assert not torch.equal(a.checkpoint, c.checkpoint)
+    assert a.fold_count.tolist() == [steps // L] * 2
+    nearest = Mamba2ReplayCache.allocate(2, 4, 8, 2, 32, ring_len=L, act_dtype=torch.float32, checkpoint_dtype=torch.bfloat16)
+    nearest.reset(torch.tensor([0, 1]), init)
+    run(nearest, layer, steps, seed)
+    # Both are the same state to within bf16 rounding, and they differ (stochastic is not nearest).
+    assert 0 < rel_err(a.checkpoint, nearest.checkpoint.double()) < 4 * 2.0**-8
+    with pytest.raises(ValueError, match="needs a bf16 or fp16"):
+        Mamba2ReplayCache.allocate(2, 4, 8, 2, 32, rounding="stochastic")
