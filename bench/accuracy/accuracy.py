@@ -5,8 +5,8 @@ H=128, P=64, N=128, G=8) or one Gated DeltaNet layer (HV=32, H=16, K=V=128), bat
 Parameters as trained layers have them (most decays near 1, a few fast heads); inputs drawn in bf16 and fed as
 fp32, so that the output error shows the state's precision, not the activation rounding. Modes: standard step
 with fp32 / bf16 state (rounded every token); replay with fp32 checkpoint; replay with bf16 checkpoint storage,
-rounded to nearest once per fold (L=16). Stochastic rounding at the fold and the bf16 output view are not
-implemented yet (the rest of issue 5).
+rounded to nearest once per fold (L=16); and for Mamba-2 the numerical split: bf16 checkpoint rounded
+stochastically at folds, and an fp32 master with a bf16 view that serves the outputs.
 
     python bench/accuracy/accuracy.py --layer mamba2|gdn [--tokens 8192] [--device cpu|cuda]
 writes bench/accuracy/<layer>_accuracy.json and, when matplotlib is installed, <layer>_accuracy.png.
@@ -29,11 +29,15 @@ from replayssm import reference as R
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-MODES = {
-    "standard_fp32_state": ("standard", torch.float32),
-    "standard_bf16_state": ("standard", torch.bfloat16),
-    "replay_fp32_checkpoint": ("replay", torch.float32),
-    "replay_bf16_checkpoint_nearest": ("replay", torch.bfloat16),
+MODES = {  # name: (kind, state/checkpoint dtype, cache options)
+    "standard_fp32_state": ("standard", torch.float32, {}),
+    "standard_bf16_state": ("standard", torch.bfloat16, {}),
+    "replay_fp32_checkpoint": ("replay", torch.float32, {}),
+    "replay_bf16_checkpoint_nearest": ("replay", torch.bfloat16, {}),
+}
+MAMBA2_SPLIT_MODES = {  # the numerical split (Mamba-2 only so far)
+    "replay_bf16_checkpoint_stochastic": ("replay", torch.bfloat16, dict(rounding="stochastic", seed=1)),
+    "replay_fp32_master_bf16_view": ("replay", torch.float32, dict(output_view=torch.bfloat16)),
 }
 
 
@@ -61,11 +65,13 @@ class Mamba2Layer:
     def zero_ref(self):
         return torch.zeros(1, self.H, self.P, self.N, dtype=torch.float64)
 
-    def make(self, kind, dtype):
+    modes = {**MODES, **MAMBA2_SPLIT_MODES}
+
+    def make(self, kind, dtype, options):
         if kind == "standard":
             return torch.zeros(1, self.H, self.P, self.N, dtype=dtype, device=self.dev)
         return Mamba2ReplayCache.allocate(1, self.H, self.P, self.G, self.N, ring_len=self.ring_len,
-                                          act_dtype=torch.float32, checkpoint_dtype=dtype, device=self.dev)
+                                          act_dtype=torch.float32, checkpoint_dtype=dtype, device=self.dev, **options)
 
     def token(self, gen):
         H, P, N, G = self.H, self.P, self.N, self.G
@@ -99,7 +105,9 @@ class GdnLayer:
     def zero_ref(self):
         return torch.zeros(1, self.HV, self.V, self.K, dtype=torch.float64)
 
-    def make(self, kind, dtype):
+    modes = MODES
+
+    def make(self, kind, dtype, options):
         if kind == "standard":
             return torch.zeros(1, self.HV, self.V, self.K, dtype=dtype, device=self.dev)
         return GdnReplayCache.allocate(1, self.HV, self.Hk, self.K, self.V, ring_len=self.ring_len, checkpoint_dtype=dtype,
@@ -137,8 +145,8 @@ def main():
     heads = args.heads or (128 if args.layer == "mamba2" else 32)
     layer = (Mamba2Layer if args.layer == "mamba2" else GdnLayer)(heads, args.ring_len, args.device, gen)
     L = args.ring_len
-    holders = {m: layer.make(kind, dt_) for m, (kind, dt_) in MODES.items()}
-    modes = MODES
+    modes = {m: (kind, dt_) for m, (kind, dt_, _) in layer.modes.items()}
+    holders = {m: layer.make(kind, dt_, opts) for m, (kind, dt_, opts) in layer.modes.items()}
     ref = layer.zero_ref()
     checkpoints = sorted({16, 256, 2048, args.tokens} & set(range(1, args.tokens + 1)))
     out_err = {m: [] for m in modes}
