@@ -132,6 +132,10 @@ def mamba2_replay_verify(
     (cursor + T > ring_len), the committed history is folded first (checkpoint <- state at the cursor,
     cursor <- 0), so a cache for speculation is sized ring_len = history + window.
     """
+    if cache.view is not None or cache.sr_seed is not None:
+        # Its early fold would round to nearest and leave the view stale: not supported until verify folds
+        # through the same routine as the step.
+        raise ValueError("mamba2_replay_verify does not support caches with an output view or stochastic rounding yet")
     if out is None:
         out = torch.empty_like(x)
     torch.ops.replayssm.mamba2_replay_verify(

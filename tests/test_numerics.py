@@ -90,3 +90,19 @@ def test_stochastic_rounding_at_folds_is_reproducible_and_seeded():
     assert 0 < rel_err(a.checkpoint, nearest.checkpoint.double()) < 4 * 2.0**-8
     with pytest.raises(ValueError, match="needs a bf16 or fp16"):
         Mamba2ReplayCache.allocate(2, 4, 8, 2, 32, rounding="stochastic")
+
+
+@pytest.mark.parametrize("dtype,big", [(torch.float16, 65519.0), (torch.float16, -65510.0), (torch.bfloat16, -3.3896e38)],
+                         ids=str)
+def test_stochastic_round_never_creates_infinities(dtype, big):
+    x = torch.full((4096,), big)
+    r = torch.stack([replayssm.ops.stochastic_round(x, seed=s, fold=0, dtype=dtype) for s in range(4)])
+    assert torch.isfinite(r.float()).all()
+
+
+def test_verify_rejects_caches_with_the_numerical_split():
+    cache = Mamba2ReplayCache.allocate(2, 4, 8, 2, 32, output_view=torch.bfloat16)
+    x = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="output view or stochastic rounding"):
+        replayssm.mamba2_replay_verify(cache, x, torch.randn(1, 2, 4), -torch.ones(4), torch.randn(1, 2, 2, 32),
+                                       torch.randn(1, 2, 2, 32), slot_ids=torch.tensor([0], dtype=torch.int32))

@@ -33,26 +33,32 @@ RSSM_HD uint32_t fold_random(uint64_t seed, uint32_t fold, uint64_t index) {
   return philox_first(uint32_t(index), uint32_t(index >> 32), fold, 0u, uint32_t(seed), uint32_t(seed >> 32));
 }
 
-// x rounded to a float format with `mant_bits` fraction bits and smallest normal exponent `min_exp`, up or
-// down with probabilities that make the result unbiased: E[result] = x. `random` is a uniform 32-bit word.
-// The result is exactly representable in the format (bf16: 7, -126; fp16: 10, -14). Values beyond the
-// format's finite range are left to the caller's round-to-nearest conversion.
-RSSM_HD float stochastic_round(float x, int mant_bits, int min_exp, uint32_t random) {
+// x rounded to a float format with `mant_bits` fraction bits, smallest normal exponent `min_exp` and largest
+// finite value `max_finite`, up or down in magnitude with probabilities that make the result unbiased:
+// E[result] = x. `random` is a uniform 32-bit word; probabilities are resolved to 2^-24 (so magnitudes below
+// 2^-24 of an ulp, e.g. fp16 values under 2^-48, round down). Works on |x| so that negative values are exact
+// too. Where the upper neighbour would exceed max_finite the value is returned as is, for the caller's
+// round-to-nearest conversion (it saturates or overflows as round-to-nearest would): never a new infinity.
+// The result is otherwise exactly representable in the format (bf16: 7, -126; fp16: 10, -14).
+RSSM_HD float stochastic_round(float x, int mant_bits, int min_exp, float max_finite, uint32_t random) {
   if (!(x - x == 0.f) || x == 0.f) return x;  // NaN, infinities, zero
+  const float a = fabsf(x);
   int e;
-  frexpf(x, &e);                               // |x| = m 2^e, m in [0.5, 1): leading bit at 2^(e-1)
+  frexpf(a, &e);                               // a = m 2^e, m in [0.5, 1): leading bit at 2^(e-1)
   const int exponent = (e - 1) < min_exp ? min_exp : (e - 1);
   const float ulp = ldexpf(1.f, exponent - mant_bits);
-  const float lo = floorf(x / ulp) * ulp;      // exact: a power-of-two scaling and an integer part
-  const float frac = (x - lo) / ulp;           // in [0, 1)
+  const float lo = floorf(a / ulp) * ulp;      // exact: a power-of-two scaling and an integer part
+  if (lo + ulp > max_finite) return x;
+  const float frac = (a - lo) / ulp;           // in [0, 1), exact
   const float u = float(random >> 8) * (1.f / 16777216.f);
-  return u < frac ? lo + ulp : lo;
+  const float r = u < frac ? lo + ulp : lo;
+  return x < 0.f ? -r : r;
 }
 
 // Format parameters of the narrow storage types.
 RSSM_HD float stochastic_round_to(DType dtype, float x, uint32_t random) {
-  return dtype == DType::kBFloat16 ? stochastic_round(x, 7, -126, random)
-       : dtype == DType::kFloat16  ? stochastic_round(x, 10, -14, random)
+  return dtype == DType::kBFloat16 ? stochastic_round(x, 7, -126, 3.3895313892515355e38f, random)
+       : dtype == DType::kFloat16  ? stochastic_round(x, 10, -14, 65504.f, random)
                                    : x;
 }
 

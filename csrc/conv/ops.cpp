@@ -41,9 +41,11 @@ template <typename T>
 void conv_verify_cpu(const Tensor& conv_state, Tensor& conv_window, const Tensor& x, const Tensor& weight,
                      const std::optional<Tensor>& bias, bool silu_act, const Tensor& slot_ids, Tensor& out) {
   const int64_t batch = x.size(0), ntok = x.size(1), dim = x.size(2), width = weight.size(1), hist = width - 1;
+  const Tensor ids = slot_ids.to(at::kLong).contiguous();
+  const int64_t* slot_of = ids.const_data_ptr<int64_t>();
   at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t s = slot_ids[b].item<int64_t>();
+      const int64_t s = slot_of[b];
       if (s == kPadSlot) continue;
       T* window = conv_window.data_ptr<T>() + s * conv_window.stride(0);
       for (int64_t k = 0; k < ntok; ++k)
