@@ -147,7 +147,9 @@ def mamba2_replay_verify(
 
 def mamba2_replay_commit(cache: Mamba2ReplayCache, slot_ids: torch.Tensor, accepted: torch.Tensor) -> None:
     """Accept the first ``accepted[b]`` (int32) tokens of the last verify of each row: the cursor moves over
-    them; rejected tokens are simply overwritten later. Device-side, no sync, graph-safe."""
+    them; rejected tokens are simply overwritten later. Device-side, no sync, graph-safe. ``accepted[b]`` must
+    not exceed the row's token count in that verify: the op bounds it by the ring (an error on the CPU, a
+    clamp on the GPU) but does not know the window, so a larger count would accept stale ring entries."""
     torch.ops.replayssm.mamba2_replay_commit(cache.cursor, cache.ring_len, slot_ids, accepted)  # any replay cache
 
 
