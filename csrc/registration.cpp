@@ -31,9 +31,13 @@ TORCH_LIBRARY(replayssm, m) {
   m.def(
       "mamba2_replay_verify(Tensor(a!) checkpoint, Tensor(b!) ring_x, Tensor(c!) ring_B, Tensor(d!) ring_dt, "
       "Tensor(e!) cursor, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, "
-      "bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor? num_tokens, Tensor(f!) out) -> ()");
-  // Accept tokens of the last verify: cursor[slot] += accepted (rejected ones are overwritten later).
-  m.def("mamba2_replay_commit(Tensor(a!) cursor, int ring_len, Tensor slot_ids, Tensor accepted) -> ()");
+      "bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor? num_tokens, Tensor(f!) out, "
+      "Tensor(g!)? pending=None) -> ()");
+  // Accept tokens of the last verify: cursor[slot] += accepted (rejected ones are overwritten later). With
+  // `pending` (the window sizes verify recorded), accepted counts beyond the window are an error (CPU) or
+  // clamped (GPU). Works for any replay cache (Mamba-2 or GDN).
+  m.def("mamba2_replay_commit(Tensor(a!) cursor, int ring_len, Tensor slot_ids, Tensor accepted, "
+        "Tensor(b!)? pending=None) -> ()");
   // The short causal convolution under speculation: outputs of T tentative inputs from the conv state, the
   // inputs kept in conv_window; commit derives the state after the first accepted ones.
   m.def(
@@ -55,7 +59,7 @@ TORCH_LIBRARY(replayssm, m) {
   m.def(
       "gdn_replay_verify(Tensor(a!) checkpoint, Tensor(b!) ring_u, Tensor(c!) ring_k, Tensor(d!) ring_g, Tensor(e!) cursor, "
       "Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor? dt_bias, bool l2norm, float scale, "
-      "Tensor slot_ids, Tensor? num_tokens, Tensor(f!) out) -> ()");
+      "Tensor slot_ids, Tensor? num_tokens, Tensor(f!) out, Tensor(g!)? pending=None) -> ()");
   m.def(
       "gdn_replay_state(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, Tensor slot_ids, "
       "Tensor? positions, Tensor(a!) out) -> ()");

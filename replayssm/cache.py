@@ -38,6 +38,8 @@ class Mamba2ReplayCache:
     view: Optional[torch.Tensor] = None
     sr_seed: Optional[torch.Tensor] = None
     fold_count: Optional[torch.Tensor] = None
+    # Tokens of the last verify not yet committed, per slot: commit checks/clamps accepted counts with it.
+    pending: Optional[torch.Tensor] = None
 
     @classmethod
     def allocate(
@@ -86,6 +88,7 @@ class Mamba2ReplayCache:
             # Seeds of distinct slots differ: a 64-bit mix of (seed, slot).
             sr_seed=(torch.arange(num_slots, dtype=torch.int64) * -7046029254386353131 + seed).to(device) if stochastic else None,
             fold_count=torch.zeros(num_slots, dtype=torch.int32, **kw) if stochastic else None,
+            pending=torch.zeros(num_slots, dtype=torch.int32, **kw),
         )
 
     @property
@@ -109,6 +112,8 @@ class Mamba2ReplayCache:
             self.checkpoint.index_copy_(0, slot_ids, state.to(self.checkpoint.dtype))
         if getattr(self, "view", None) is not None:
             self.view.index_copy_(0, slot_ids, self.checkpoint.index_select(0, slot_ids).to(self.view.dtype))
+        if getattr(self, "pending", None) is not None:
+            self.pending.index_fill_(0, slot_ids, 0)
         self.cursor.index_fill_(0, slot_ids, 0)
 
 
@@ -149,6 +154,7 @@ class GdnReplayCache:
     ring_g: torch.Tensor
     cursor: torch.Tensor
     arrivals: torch.Tensor
+    pending: Optional[torch.Tensor] = None  # tokens of the last verify not yet committed, per slot
 
     @classmethod
     def allocate(cls, num_slots: int, nheads: int, nkheads: int, kdim: int, vdim: int, *, ring_len: int = DEFAULT_RING_LEN,
@@ -165,6 +171,7 @@ class GdnReplayCache:
             ring_g=torch.zeros(num_slots, ring_len, nheads, **kw),
             cursor=torch.zeros(num_slots, dtype=torch.int32, device=device),
             arrivals=torch.zeros(num_slots, dtype=torch.int32, device=device),
+            pending=torch.zeros(num_slots, dtype=torch.int32, device=device),
         )
 
     @property

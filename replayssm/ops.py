@@ -140,7 +140,7 @@ def mamba2_replay_verify(
         out = torch.empty_like(x)
     torch.ops.replayssm.mamba2_replay_verify(
         cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, x, dt, A, B, C, D, z, dt_bias,
-        dt_softplus, float(dt_limit[0]), float(dt_limit[1]), slot_ids, num_tokens, out,
+        dt_softplus, float(dt_limit[0]), float(dt_limit[1]), slot_ids, num_tokens, out, cache.pending,
     )
     return out
 
@@ -148,9 +148,10 @@ def mamba2_replay_verify(
 def mamba2_replay_commit(cache: Mamba2ReplayCache, slot_ids: torch.Tensor, accepted: torch.Tensor) -> None:
     """Accept the first ``accepted[b]`` (int32) tokens of the last verify of each row: the cursor moves over
     them; rejected tokens are simply overwritten later. Device-side, no sync, graph-safe. ``accepted[b]`` must
-    not exceed the row's token count in that verify: the op bounds it by the ring (an error on the CPU, a
-    clamp on the GPU) but does not know the window, so a larger count would accept stale ring entries."""
-    torch.ops.replayssm.mamba2_replay_commit(cache.cursor, cache.ring_len, slot_ids, accepted)  # any replay cache
+    not exceed the row's token count in that verify (``cache.pending``, recorded by verify and consumed here):
+    more is an error on the CPU and clamped on the GPU, where nothing can be raised."""
+    torch.ops.replayssm.mamba2_replay_commit(cache.cursor, cache.ring_len, slot_ids, accepted,  # any replay cache
+                                             getattr(cache, "pending", None))
 
 
 def causal_conv1d_verify(cache: ConvCache, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -205,7 +206,7 @@ def gdn_replay_verify(cache: GdnReplayCache, q, k, v, a, b, A_log, *, slot_ids, 
         out = torch.empty_like(v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     torch.ops.replayssm.gdn_replay_verify(cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor, q, k, v,
-                                          a, b, A_log, dt_bias, l2norm, float(scale), slot_ids, num_tokens, out)
+                                          a, b, A_log, dt_bias, l2norm, float(scale), slot_ids, num_tokens, out, cache.pending)
     return out
 
 
@@ -250,12 +251,12 @@ def _mamba2_replay_state_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, A, sl
 
 @torch.library.register_fake("replayssm::mamba2_replay_verify")
 def _mamba2_replay_verify_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                               dt_min, dt_max, slot_ids, num_tokens, out):
+                               dt_min, dt_max, slot_ids, num_tokens, out, pending=None):
     return None
 
 
 @torch.library.register_fake("replayssm::mamba2_replay_commit")
-def _mamba2_replay_commit_fake(cursor, ring_len, slot_ids, accepted):
+def _mamba2_replay_commit_fake(cursor, ring_len, slot_ids, accepted, pending=None):
     return None
 
 
@@ -282,7 +283,7 @@ def _gdn_replay_step_fake(checkpoint, ring_u, ring_k, ring_g, cursor, arrivals, 
 
 @torch.library.register_fake("replayssm::gdn_replay_verify")
 def _gdn_replay_verify_fake(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale,
-                            slot_ids, num_tokens, out):
+                            slot_ids, num_tokens, out, pending=None):
     return None
 
 

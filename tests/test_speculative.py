@@ -243,3 +243,21 @@ def test_opcheck_speculative_ops():
                           (conv.conv_state, conv.conv_window, x, torch.randn(6, 4), None, True, ids, torch.empty_like(x)))
     torch.library.opcheck(torch.ops.replayssm.causal_conv1d_commit.default,
                           (conv.conv_state, conv.conv_window, ids, torch.tensor([2, 1], dtype=torch.int32)))
+
+
+def test_commit_cannot_accept_more_than_the_last_window():
+    gen = make_gen()
+    H, P, N, G = 4, 8, 16, 2
+    layer = Layer(H, P, G, N, "cpu", gen)
+    cache = Mamba2ReplayCache.allocate(3, H, P, G, N, ring_len=8, act_dtype=torch.float32)
+    ids = torch.tensor([2, PAD_SLOT, 0], dtype=torch.int32)
+    tok = tokens(layer, 3, 4, gen)
+    replayssm.mamba2_replay_verify(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], slot_ids=ids,
+                                   num_tokens=torch.tensor([2, 4, 4], dtype=torch.int32), **layer.kwargs())
+    assert cache.pending.tolist() == [4, 0, 2]
+    with pytest.raises(ValueError, match="must not exceed the tokens of the last verify"):
+        replayssm.mamba2_replay_commit(cache, ids, torch.tensor([3, 9, 1], dtype=torch.int32))
+    replayssm.mamba2_replay_commit(cache, ids, torch.tensor([2, 9, 1], dtype=torch.int32))  # pad rows are ignored
+    assert cache.cursor.tolist() == [1, 0, 2] and cache.pending.tolist() == [3, 0, 0]
+    with pytest.raises(ValueError, match="must not exceed"):
+        replayssm.mamba2_replay_commit(cache, ids, torch.tensor([1, 0, 0], dtype=torch.int32))  # slot 2's window is used up

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -83,6 +84,16 @@ inline void check_slot_ids(const at::Tensor& slot_ids, int64_t num_slots) {
   }
   std::sort(seen.begin(), seen.end());
   TORCH_CHECK_VALUE(std::adjacent_find(seen.begin(), seen.end()) == seen.end(), "replayssm: slot_ids must not repeat a slot");
+}
+
+// The per-slot count of verified, not yet committed tokens (written by verify, consumed by commit).
+inline int* pending_ptr(const std::optional<at::Tensor>& pending, const at::Tensor& cursor) {
+  if (!pending) return nullptr;
+  check_shape(*pending, "pending", {cursor.size(0)});
+  check_dtype(*pending, "pending", at::kInt);
+  check_device(*pending, "pending", cursor.device());
+  TORCH_CHECK_VALUE(pending->is_contiguous(), "replayssm: pending must be contiguous");
+  return pending->data_ptr<int>();
 }
 
 }  // namespace replayssm

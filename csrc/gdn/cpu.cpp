@@ -203,6 +203,7 @@ void replay_cpu(const GdnReplayParams& p, bool verify) {
         w = 0;
         c.cursor[slot] = 0;
       }
+      if (c.pending) c.pending[slot] = T;
       for (int t = 0; t < T; ++t) {  // each token sees the ring and the window's earlier corrections
         load_token<act_t>(p, b, t, tok);
         replay_token<ckpt_t, act_t>(p, sc, b, t, w + t, tok, /*fold=*/false, weight, kk, kq, u);

@@ -167,13 +167,15 @@ void gdn_step(Tensor state, const Tensor& q, const Tensor& k, const Tensor& v, c
 
 void gdn_replay(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, const Tensor& q, const Tensor& k,
                 const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log, const OptTensor& dt_bias, bool l2norm,
-                double scale, const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out, bool verify) {
+                double scale, const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out, bool verify,
+                const OptTensor& pending = std::nullopt) {
   GdnReplayParams p;
   TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, vdim, kdim), got ",
                     shape_str(checkpoint.sizes()));
   fill_gdn_token(p, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, out, checkpoint.size(0), verify);
   p.cache = fill_gdn_cache(checkpoint, ring_u, ring_k, ring_g, cursor, p.nheads, p.nkheads, p.kdim, p.vdim, q.device(), verify);
   if (verify) {
+    p.cache.pending = pending_ptr(pending, cursor);
     TORCH_CHECK_VALUE(p.ntokens <= p.cache.ring_len, "replayssm: a window of T = ", p.ntokens, " tokens does not fit a ring of ",
                       p.cache.ring_len, " (ring_len = history + window)");
     if (num_tokens) {
@@ -203,9 +205,9 @@ void gdn_replay_step(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor rin
 void gdn_replay_verify(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, const Tensor& q,
                        const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log,
                        const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids, const OptTensor& num_tokens,
-                       Tensor out) {
+                       Tensor out, const OptTensor& pending) {
   gdn_replay(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, num_tokens, out,
-             true);
+             true, pending);
 }
 
 void gdn_replay_state(const Tensor& checkpoint, const Tensor& ring_u, const Tensor& ring_k, const Tensor& ring_g,

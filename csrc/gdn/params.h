@@ -59,6 +59,7 @@ struct GdnReplayCacheParams {
   int64_t ring_g_slot_stride = 0, ring_g_pos_stride = 0;
   int* cursor = nullptr;
   int* arrivals = nullptr;
+  int* pending = nullptr;  // (num_slots,) tokens of the last verify not yet committed, or null
 };
 
 struct GdnReplayParams : GdnTokenParams {

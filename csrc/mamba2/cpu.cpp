@@ -191,6 +191,7 @@ void replay_verify_cpu(const Mamba2ReplayVerifyParams& p) {
         w = 0;
         c.cursor[slot] = 0;
       }
+      if (c.pending) c.pending[slot] = T;
       for (int k = 0; k < T; ++k) {  // the window goes into the ring: accepting it later costs nothing
         const int pos = w + k;
         for (int h = 0; h < p.nheads; ++h) {

@@ -329,7 +329,7 @@ void mamba2_replay_state(const Tensor& checkpoint, const Tensor& ring_x, const T
 void mamba2_replay_verify(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor ring_dt, Tensor cursor, const Tensor& x,
                           const Tensor& dt, const Tensor& A, const Tensor& B, const Tensor& C, const OptTensor& D,
                           const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus, double dt_min, double dt_max,
-                          const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out) {
+                          const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out, const OptTensor& pending) {
   TORCH_CHECK_VALUE(x.dim() == 4, "replayssm: x must have shape (batch, T, nheads, headdim), got ", shape_str(x.sizes()));
   TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, headdim, dstate), got ",
                     shape_str(checkpoint.sizes()));
@@ -350,6 +350,7 @@ void mamba2_replay_verify(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tenso
                               x.scalar_type(), x.device(), /*cursor_may_be_full=*/true);
   TORCH_CHECK_VALUE(T <= p.cache.ring_len, "replayssm: a window of T = ", T, " tokens does not fit a ring of ",
                     p.cache.ring_len, " (ring_len = history + window)");
+  p.cache.pending = pending_ptr(pending, cursor);
   p.ntokens = static_cast<int>(T);
   p.x_token_stride = x.stride(1);
   p.dt_token_stride = dt.stride(1);
@@ -372,7 +373,8 @@ void mamba2_replay_verify(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tenso
 }
 
 // Device-side and graph-safe: plain tensor ops, no sync. Pad rows add 0 (to slot 0).
-void mamba2_replay_commit(Tensor cursor, int64_t ring_len, const Tensor& slot_ids, const Tensor& accepted) {
+void mamba2_replay_commit(Tensor cursor, int64_t ring_len, const Tensor& slot_ids, const Tensor& accepted,
+                          const OptTensor& pending) {
   check_shape(cursor, "cursor", {-1});
   check_dtype(cursor, "cursor", at::kInt);
   check_shape(slot_ids, "slot_ids", {-1});
@@ -386,12 +388,20 @@ void mamba2_replay_commit(Tensor cursor, int64_t ring_len, const Tensor& slot_id
                     "], got ", ring_len);
   const Tensor pad = slot_ids.eq(kPadSlot);
   const Tensor index = slot_ids.masked_fill(pad, 0).to(at::kLong);
-  const Tensor add = accepted.masked_fill(pad, 0);
+  Tensor add = accepted.masked_fill(pad, 0);
+  pending_ptr(pending, cursor);  // validates
   if (!cursor.is_cuda()) {
     check_slot_ids(slot_ids, cursor.size(0));
     const Tensor after = cursor.index_select(0, index) + add;
     TORCH_CHECK_VALUE(!(add < 0).logical_or(after > ring_len).any().item<bool>(),
                       "replayssm: accepted counts must be >= 0 and keep every cursor within ring_len = ", ring_len);
+    if (pending)
+      TORCH_CHECK_VALUE(!(add > pending->index_select(0, index)).logical_and(pad.logical_not()).any().item<bool>(),
+                        "replayssm: accepted counts must not exceed the tokens of the last verify");
+  }
+  if (pending) {  // device-side: clamp to the window, and consume it
+    add = at::minimum(add, pending->index_select(0, index).masked_fill(pad, 0));
+    pending->scatter_add_(0, index, -add);
   }
   cursor.scatter_add_(0, index, add);
   cursor.clamp_(0, ring_len);  // on the GPU, where nothing can be raised, out-of-range counts are clamped

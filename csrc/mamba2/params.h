@@ -65,6 +65,7 @@ struct Mamba2ReplayCacheParams {
   int64_t view_slot_stride = 0, view_head_stride = 0, view_row_stride = 0;
   const int64_t* sr_seed = nullptr;  // (num_slots,) or null: round to nearest
   int* fold_count = nullptr;         // (num_slots,) folds so far (the Philox counter), or null
+  int* pending = nullptr;            // (num_slots,) tokens of the last verify not yet committed, or null
 };
 
 struct Mamba2ReplayStepParams : Mamba2TokenParams {
