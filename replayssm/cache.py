@@ -102,19 +102,25 @@ class Mamba2ReplayCache:
     def reset(self, slot_ids: torch.Tensor, state: Optional[torch.Tensor] = None) -> None:
         """Start slots afresh (after prefill): checkpoint <- state (b, H, P, N) or zero, ring emptied.
         Device-side tensor ops only (no sync), so it can run inside a captured graph."""
-        slot_ids = slot_ids.to(device=self.checkpoint.device, dtype=torch.long)
-        if state is None:
-            self.checkpoint.index_fill_(0, slot_ids, 0)
-        else:
-            expected = (slot_ids.shape[0],) + tuple(self.checkpoint.shape[1:])
-            if tuple(state.shape) != expected:
-                raise ValueError(f"state must have shape {expected}, got {tuple(state.shape)}")
-            self.checkpoint.index_copy_(0, slot_ids, state.to(self.checkpoint.dtype))
-        if getattr(self, "view", None) is not None:
-            self.view.index_copy_(0, slot_ids, self.checkpoint.index_select(0, slot_ids).to(self.view.dtype))
-        if getattr(self, "pending", None) is not None:
-            self.pending.index_fill_(0, slot_ids, 0)
-        self.cursor.index_fill_(0, slot_ids, 0)
+        reset_slots(self, slot_ids, state)
+
+
+def reset_slots(cache, slot_ids: torch.Tensor, state: Optional[torch.Tensor] = None) -> None:
+    """The reset of any replay cache (Mamba-2 or GDN): checkpoint rows (and the view's) from state or zero,
+    cursors and pending windows to 0. Device-side tensor ops only (no sync)."""
+    slot_ids = slot_ids.to(device=cache.checkpoint.device, dtype=torch.long)
+    if state is None:
+        cache.checkpoint.index_fill_(0, slot_ids, 0)
+    else:
+        expected = (slot_ids.shape[0],) + tuple(cache.checkpoint.shape[1:])
+        if tuple(state.shape) != expected:
+            raise ValueError(f"state must have shape {expected}, got {tuple(state.shape)}")
+        cache.checkpoint.index_copy_(0, slot_ids, state.to(cache.checkpoint.dtype))
+    if getattr(cache, "view", None) is not None:
+        cache.view.index_copy_(0, slot_ids, cache.checkpoint.index_select(0, slot_ids).to(cache.view.dtype))
+    if cache.pending is not None:
+        cache.pending.index_fill_(0, slot_ids, 0)
+    cache.cursor.index_fill_(0, slot_ids, 0)
 
 
 @dataclass
@@ -180,4 +186,4 @@ class GdnReplayCache:
 
     def reset(self, slot_ids: torch.Tensor, state: Optional[torch.Tensor] = None) -> None:
         """Start slots afresh: checkpoint <- state (b, HV, V, K) or zero, ring emptied (device-side, no sync)."""
-        Mamba2ReplayCache.reset(self, slot_ids, state)  # same bookkeeping: checkpoint rows and cursors
+        reset_slots(self, slot_ids, state)

@@ -70,9 +70,12 @@ inline void check_vector_aligned(const at::Tensor& t, const char* name) {
                     "(the CUDA kernels read its rows as 16-byte vectors); got strides ", shape_str(t.strides()));
 }
 
-// Slot ids are checked here on the CPU (range, and no slot twice in a batch); on the GPU a host check
-// would need a sync, so the kernels check the range themselves (device-side assert).
+// Slot ids: int32 or int64, contiguous; on the CPU also in range and no slot twice in a batch. On the GPU
+// a host check of the values would need a sync, so the kernels check the range themselves (device-side assert).
 inline void check_slot_ids(const at::Tensor& slot_ids, int64_t num_slots) {
+  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
+                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
+  TORCH_CHECK_VALUE(slot_ids.is_contiguous(), "replayssm: slot_ids must be contiguous");
   if (slot_ids.is_cuda()) return;
   std::vector<int64_t> seen;
   for (int64_t b = 0; b < slot_ids.size(0); ++b) {
@@ -84,6 +87,25 @@ inline void check_slot_ids(const at::Tensor& slot_ids, int64_t num_slots) {
   }
   std::sort(seen.begin(), seen.end());
   TORCH_CHECK_VALUE(std::adjacent_find(seen.begin(), seen.end()) == seen.end(), "replayssm: slot_ids must not repeat a slot");
+}
+
+// Committed positions (batch,) int32 of the rows' slots, each in [0, cursor[slot]] (checked on the CPU; the
+// CUDA kernels check on the device). Returns the data pointer, or null without positions.
+inline const int* positions_ptr(const std::optional<at::Tensor>& positions, const at::Tensor& slot_ids,
+                                const at::Tensor& cursor) {
+  if (!positions) return nullptr;
+  check_shape(*positions, "positions", {slot_ids.size(0)});
+  check_device(*positions, "positions", cursor.device());
+  check_dtype(*positions, "positions", at::kInt);
+  TORCH_CHECK_VALUE(positions->is_contiguous(), "replayssm: positions must be contiguous");
+  if (!positions->is_cuda())
+    for (int64_t b = 0; b < slot_ids.size(0); ++b) {
+      const int64_t s = slot_ids[b].item<int64_t>(), pos = (*positions)[b].item<int64_t>();
+      if (s == kPadSlot) continue;
+      TORCH_CHECK_VALUE(pos >= 0 && pos <= cursor[s].item<int64_t>(), "replayssm: positions[", b, "] = ", pos,
+                        " is not a committed position of slot ", s, " (0..", cursor[s].item<int64_t>(), ")");
+    }
+  return positions->const_data_ptr<int>();
 }
 
 // The per-slot count of verified, not yet committed tokens (written by verify, consumed by commit).

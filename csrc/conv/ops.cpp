@@ -32,8 +32,7 @@ void check_conv_args(const Tensor& conv_state, const Tensor& conv_window, const 
   check_dtype(conv_window, "conv_window", conv_state.scalar_type());
   check_device(conv_window, "conv_window", conv_state.device());
   check_device(slot_ids, "slot_ids", conv_state.device());
-  TORCH_CHECK_VALUE(slot_ids.dim() == 1 && (slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong),
-                    "replayssm: slot_ids must be a 1-d int32 or int64 tensor");
+  check_shape(slot_ids, "slot_ids", {-1});
   check_slot_ids(slot_ids, slots);
 }
 

@@ -58,9 +58,6 @@ void fill_gdn_token(GdnTokenParams& p, const Tensor& q, const Tensor& k, const T
   }
   check_shape(slot_ids, "slot_ids", {batch});
   check_device(slot_ids, "slot_ids", device);
-  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
-                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
-  TORCH_CHECK_VALUE(slot_ids.is_contiguous(), "replayssm: slot_ids must be contiguous");
   check_slot_ids(slot_ids, num_slots);
   p.batch = static_cast<int>(batch);
   p.nheads = static_cast<int>(HV);
@@ -220,28 +217,13 @@ void gdn_replay_state(const Tensor& checkpoint, const Tensor& ring_u, const Tens
   p.cache = fill_gdn_cache(checkpoint, ring_u, ring_k, ring_g, cursor, HV, H, K, V, checkpoint.device(), true);
   check_shape(slot_ids, "slot_ids", {-1});
   check_device(slot_ids, "slot_ids", checkpoint.device());
-  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
-                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
-  TORCH_CHECK_VALUE(slot_ids.is_contiguous(), "replayssm: slot_ids must be contiguous");
   check_slot_ids(slot_ids, checkpoint.size(0));
   const int64_t batch = slot_ids.size(0);
   check_shape(out, "out", {batch, HV, V, K});
   check_dtype(out, "out", at::kFloat);
   check_device(out, "out", checkpoint.device());
   TORCH_CHECK_VALUE(out.is_contiguous(), "replayssm: out must be contiguous");
-  if (positions) {
-    check_shape(*positions, "positions", {batch});
-    check_dtype(*positions, "positions", at::kInt);
-    check_device(*positions, "positions", checkpoint.device());
-    TORCH_CHECK_VALUE(positions->is_contiguous(), "replayssm: positions must be contiguous");
-    for (int64_t b = 0; b < batch; ++b) {
-      const int64_t s = slot_ids[b].item<int64_t>(), pos = (*positions)[b].item<int64_t>();
-      if (s == kPadSlot) continue;
-      TORCH_CHECK_VALUE(pos >= 0 && pos <= cursor[s].item<int64_t>(), "replayssm: positions[", b, "] = ", pos,
-                        " is not a committed position of slot ", s);
-    }
-    p.positions = positions->data_ptr<int>();
-  }
+  p.positions = positions_ptr(positions, slot_ids, cursor);
   p.batch = static_cast<int>(batch);
   p.nheads = static_cast<int>(HV);
   p.nkheads = static_cast<int>(H);

@@ -147,14 +147,14 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
 //
 // Grid (row chunks of a group, G, batch): a group's rows are its heads' (head, p) rows, so (B_j . C_t) is
 // computed once per block for all the heads it covers (a whole group at serving batch sizes), not per head.
-// Each row belongs to a group of at most 8 lanes (RowLayout): each lane holds several 16-byte vectors of
-// the row, so index math, ring values and the group sum are paid per 64+ bytes (with a warp per row the
-// kernel was instruction-bound at ~1 TB/s). The checkpoint streams through shared memory with cp.async,
-// kStages deep, each thread copying and later reading only its own vectors (no block barrier): loads stay
-// in flight while warps compute or wait on the ring, which a register prefetch fetches one row ahead.
+// Each row belongs to a group of at most 4 or 8 lanes (ReplayMaxLanes): each lane holds several 16-byte
+// vectors of the row, so index math, ring values and the group sum are paid per 64+ bytes (with a warp per
+// row the kernel ran at ~1 TB/s). The checkpoint streams through shared memory with cp.async, kStages deep,
+// each thread copying and later reading only its own vectors (no block barrier): loads stay in flight while
+// warps compute or wait on the ring, whose values a register prefetch fetches kAhead rows ahead.
 // The first stages are issued before anything else (they need only the slot); the block scalars are
-// computed while they fly. Lane l of a row holds the row's ring values x_j[p] for j = l, l + 8, ...; one
-// group sum gives y; at a fold the lanes exchange x_j by shuffles.
+// computed while they fly. Lane l of a row holds the row's ring values x_j[p] for j = l, l + kLanes, ...;
+// one group sum gives y; at a fold the lanes exchange x_j by shuffles.
 // The cursor is advanced by the last block of the slot to finish (a per-slot arrival counter): every block
 // read it at its start, so one launch suffices, with no host sync; graph-capturable.
 template <int kStages, int kVecsPerThread>
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const bool fold = is_fold_step(w, L);
 
   // This thread's ring values of its row (lane l: x_j[p] for j = l, l + kLanes, ...; j == w is x_t), and for
-  // the row's lane 0 x_t[p] and z[p]; fetched one iteration ahead.
+  // the row's lane 0 x_t[p] and z[p]; fetched kAhead iterations ahead.
   const act_t* ring_x = static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride;
   const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride;
   const act_t* z_t = static_cast<const act_t*>(p.z) + b * p.z_batch_stride;
@@ -276,8 +276,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       in.zt = p.z ? to_float(z_t[h * p.z_head_stride + i]) : 0.f;
     }
   };
-  // Ring values are 2-byte reads from DRAM: fetched kAhead iterations early so their latency hides behind
-  // the copies in flight (with one iteration of lead the warps waited on them: ~2x the floor at batch 256).
+  // Ring values are 2-byte reads from DRAM, fetched kAhead iterations early. Measured: no gain over one
+  // iteration (536 vs 524 us at batch 256), because load_row_inputs converts them to fp32 at load time and
+  // the warp waits there (ncu; bench/NOTES.md, "Next step").
   RowIn ahead[kAhead];
 #pragma unroll
   for (int a = 0; a < kAhead; ++a) load_row_inputs(a, ahead[a]);
@@ -350,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = to_float(elems[e]);
     }
-    float sc = 0.f;  // C_t from shared memory (in registers it cost the occupancy that hides latency)
+    float sc = 0.f;  // C_t read from shared memory (fewer registers)
 #pragma unroll
     for (int v = 0; v < kVecs; ++v)
 #pragma unroll

@@ -57,11 +57,8 @@ void fill_token_params(Mamba2TokenParams& p, const Tensor& x, const Tensor& dt, 
   check_device(A, "A", device);
   check_dtype(A, "A", at::kFloat);
   check_device(slot_ids, "slot_ids", device);
-  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
-                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
   for (auto [t, name] : {std::pair{&x, "x"}, {&B, "B"}, {&C, "C"}, {&out, "out"}}) check_inner_contiguous(*t, name);
-  TORCH_CHECK_VALUE((A.stride(0) == 1 || nheads <= 1) && (slot_ids.stride(0) == 1 || batch <= 1),
-                    "replayssm: A and slot_ids must be contiguous");
+  TORCH_CHECK_VALUE(A.stride(0) == 1 || nheads <= 1, "replayssm: A must be contiguous");
   // The CUDA grids put the batch in a dimension limited to 65535 blocks.
   TORCH_CHECK_VALUE(!x.is_cuda() || batch <= 65535, "replayssm: the CUDA kernels take at most 65535 rows per call, got ", batch);
   TORCH_CHECK_VALUE(dt_min <= dt_max, "replayssm: dt_min (", dt_min, ") must not exceed dt_max (", dt_max, ")");
@@ -290,28 +287,12 @@ void mamba2_replay_state(const Tensor& checkpoint, const Tensor& ring_x, const T
   check_dtype(A, "A", at::kFloat);
   check_shape(slot_ids, "slot_ids", {batch});
   check_device(slot_ids, "slot_ids", device);
-  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
-                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
   check_shape(out, "out", {batch, nheads, headdim, dstate});
   check_device(out, "out", device);
   check_dtype(out, "out", at::kFloat);
-  TORCH_CHECK_VALUE(out.is_contiguous() && A.is_contiguous() && slot_ids.is_contiguous(),
-                    "replayssm: out, A and slot_ids must be contiguous");
+  TORCH_CHECK_VALUE(out.is_contiguous() && A.is_contiguous(), "replayssm: out and A must be contiguous");
   check_slot_ids(slot_ids, checkpoint.size(0));
-  if (positions.has_value()) {
-    check_shape(*positions, "positions", {batch});
-    check_device(*positions, "positions", device);
-    check_dtype(*positions, "positions", at::kInt);
-    TORCH_CHECK_VALUE(positions->is_contiguous(), "replayssm: positions must be contiguous");
-    if (!positions->is_cuda())
-      for (int64_t b = 0; b < batch; ++b) {
-        const int64_t s = slot_ids[b].item<int64_t>(), pos = (*positions)[b].item<int64_t>();
-        if (s == kPadSlot) continue;
-        TORCH_CHECK_VALUE(pos >= 0 && pos <= cursor[s].item<int64_t>(), "replayssm: positions[", b, "] = ", pos,
-                          " is not a committed position of slot ", s, " (0..", cursor[s].item<int64_t>(), ")");
-      }
-    p.positions = positions->data_ptr<int>();
-  }
+  p.positions = positions_ptr(positions, slot_ids, cursor);
   p.batch = static_cast<int>(batch);
   p.nheads = static_cast<int>(nheads);
   p.headdim = static_cast<int>(headdim);
@@ -382,8 +363,7 @@ void mamba2_replay_commit(Tensor cursor, int64_t ring_len, const Tensor& slot_id
   check_device(slot_ids, "slot_ids", cursor.device());
   check_device(accepted, "accepted", cursor.device());
   check_dtype(accepted, "accepted", at::kInt);
-  TORCH_CHECK_VALUE(slot_ids.scalar_type() == at::kInt || slot_ids.scalar_type() == at::kLong,
-                    "replayssm: slot_ids must be int32 or int64, got ", slot_ids.scalar_type());
+  check_slot_ids(slot_ids, cursor.size(0));
   TORCH_CHECK_VALUE(ring_len >= kMinRing && ring_len <= kMaxRing, "replayssm: ring_len must be in [", kMinRing, ", ", kMaxRing,
                     "], got ", ring_len);
   const Tensor pad = slot_ids.eq(kPadSlot);
@@ -391,7 +371,6 @@ void mamba2_replay_commit(Tensor cursor, int64_t ring_len, const Tensor& slot_id
   Tensor add = accepted.masked_fill(pad, 0);
   pending_ptr(pending, cursor);  // validates
   if (!cursor.is_cuda()) {
-    check_slot_ids(slot_ids, cursor.size(0));
     const Tensor after = cursor.index_select(0, index) + add;
     TORCH_CHECK_VALUE(!(add < 0).logical_or(after > ring_len).any().item<bool>(),
                       "replayssm: accepted counts must be >= 0 and keep every cursor within ring_len = ", ring_len);
