@@ -58,7 +58,25 @@ def make_inputs(batch, n_layers, L, gen, device="cuda"):
              for _ in range(n_layers)] for _ in range(L)]
 
 
-def bench_batch(batch, L, ssu, gen) -> dict:
+# Alternative launch configurations timed beside the defaults with --tune (REPLAYSSM_TUNE, see
+# csrc/common/cuda_utils.cuh): the evidence behind the defaults.
+STEP_TUNES = ["step_unroll=1", "step_bps=16", "step_unroll=1,step_bps=16", "step_bps=4"]
+REPLAY_TUNES = ["replay_prefetch=0", "replay_prefetch=1", "replay_rows=128", "replay_rows=256", "replay_rows=1024"]
+
+
+def timed_configs(fn, tunes) -> dict:
+    """µs of fn's graph under each REPLAYSSM_TUNE setting (the default restored afterwards)."""
+    out = {}
+    for tune in tunes:
+        os.environ["REPLAYSSM_TUNE"] = tune
+        try:
+            out[tune] = common.time_graph(fn)
+        finally:
+            del os.environ["REPLAYSSM_TUNE"]
+    return out
+
+
+def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
     state_layer = batch * H * P * N * 4
     n_layers = max(2, math.ceil(4 * common.l2_bytes() / state_layer))
     A = -torch.exp(torch.rand(H, generator=gen, device="cuda") * math.log(16.0))
@@ -76,6 +94,8 @@ def bench_batch(batch, L, ssu, gen) -> dict:
             for pool, t in zip(pools, step):
                 replayssm.mamba2_step(pool, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots, out=t["out"], **kw)
     result["standard_us"] = common.time_graph(standard_cycle) / (L * n_layers)
+    if tune:
+        result["standard_tuning_us"] = {k: v / (L * n_layers) for k, v in timed_configs(standard_cycle, STEP_TUNES).items()}
 
     if ssu is not None:
         A_t = A[:, None, None].expand(H, P, N)
@@ -105,6 +125,8 @@ def bench_batch(batch, L, ssu, gen) -> dict:
                                              out=t["out"], **kw)
     cursors_before = torch.stack([c.cursor.clone() for c in caches])
     result["replay_us"] = common.time_graph(replay_cycle) / (L * n_layers)
+    if tune:
+        result["replay_tuning_us"] = {k: v / (L * n_layers) for k, v in timed_configs(replay_cycle, REPLAY_TUNES).items()}
     # Every replay of the cycle is L steps: cursors come back where they started, having gone all the way round.
     assert torch.equal(cursors_before, torch.stack([c.cursor for c in caches])), "cursors did not advance a full cycle"
     del caches
@@ -116,6 +138,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
     parser.add_argument("--ring-len", type=int, default=16)
+    parser.add_argument("--tune", action="store_true", help="also time alternative launch configurations")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "mamba2_decode.json"))
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -123,7 +146,7 @@ def main():
     bw = common.measure_bandwidth()
     rows = []
     for batch in args.batches:
-        r = bench_batch(batch, args.ring_len, ssu, gen)
+        r = bench_batch(batch, args.ring_len, ssu, gen, tune=args.tune)
         nbytes = analytic_bytes(batch, args.ring_len)
         r["bytes"] = nbytes
         r["standard_TBps"] = nbytes["standard"] / r["standard_us"] / 1e6
@@ -145,6 +168,10 @@ def main():
         print(f"{r['batch']:>5} {r.get('mamba_ssm_us', float('nan')):>10.1f} {r['standard_us']:>8.1f} "
               f"{100 * r['standard_frac_copy_bw']:>7.1f}% {r['replay_us']:>8.1f} {r['replay_floor_us']:>7.1f} "
               f"{r['replay_over_floor']:>9.2f} {r['replay_vs_standard']:>7.2f}x")
+    for r in rows:
+        for kind in ("standard", "replay"):
+            for tune, us in r.get(f"{kind}_tuning_us", {}).items():
+                print(f"  batch {r['batch']:>3} {kind:>8} {tune:<28} {us:8.1f} us (default {r[f'{kind}_us']:.1f})")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One job on the H200 machine: build for sm_90a, run the tests (CUDA ones included), the demo, the benchmark
 # and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
-# with steps from: build test sanitize demo bench ncu (default: all but sanitize).
+# with steps from: build test sanitize demo bench tune ncu profile (default: build test demo bench ncu).
+# tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -34,7 +35,12 @@ for step in $STEPS; do
     sanitize) run sanitize compute-sanitizer --tool memcheck --target-processes all python3 -m pytest -q -x tests -m cuda -k "not out_of_range" ;;
     demo) run demo python3 -m replayssm demo ;;
     bench) run bench python3 bench/bench_mamba2.py --out "$OUT/mamba2_decode.json" ;;
+    tune) run tune python3 bench/bench_mamba2.py --tune --out "$OUT/mamba2_decode.json" ;;
     ncu) run ncu python3 bench/ncu_mamba2.py --out "$OUT/mamba2_ncu.json" ;;
+    profile) run profile ncu --clock-control none -k regex:${PROFILE_KERNEL:-mamba2_replay_step_kernel} -s 2 -c 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats --section SourceCounters \
+        python3 bench/ncu_mamba2.py --child --batch ${PROFILE_BATCH:-256} ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -74,6 +75,19 @@ inline int num_sms() {
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   return count;
+}
+
+// Launch-configuration overrides for benchmarking alternatives in one run (bench/): REPLAYSSM_TUNE holds
+// "key=value,..." pairs; the value of `key`, or -1 when it is not set. Read at each launch (cheap next to
+// the dispatcher; graphs capture the configuration in force when they were captured). Not for production
+// use: the defaults are the measured best.
+inline int tune_knob(const char* key) {
+  const char* env = std::getenv("REPLAYSSM_TUNE");
+  if (env == nullptr) return -1;
+  const std::string all(env), pattern = std::string(key) + "=";
+  for (size_t pos = all.find(pattern); pos != std::string::npos; pos = all.find(pattern, pos + 1))
+    if (pos == 0 || all[pos - 1] == ',') return std::atoi(all.c_str() + pos + pattern.size());
+  return -1;
 }
 
 // Runs BODY with the compile-time constant NAME bound to the state size VALUE (the sizes the CUDA

@@ -113,14 +113,15 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   }
 }
 
-template <typename state_t, typename act_t, int kN>
+template <typename state_t, typename act_t, int kN, int kUnroll>
 void launch_mamba2_step(const Mamba2StepParams& p, cudaStream_t stream) {
-  constexpr int kThreads = 128, kUnroll = 4;
+  constexpr int kThreads = 128;
   using Layout = RowLayout<state_t, kN, kThreads, kUnroll>;
   // Split a head's rows over blocks only as far as needed to keep every SM busy with several blocks.
   const int64_t heads_total = int64_t(p.batch) * p.nheads;
   const int max_chunks = (p.headdim + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
-  int chunks = static_cast<int>((int64_t(num_sms()) * 8 + heads_total - 1) / heads_total);
+  const int bps = tune_knob("step_bps") > 0 ? tune_knob("step_bps") : 8;
+  int chunks = static_cast<int>((int64_t(num_sms()) * bps + heads_total - 1) / heads_total);
   chunks = max(1, min(chunks, max_chunks));
   int rows_per_block = (p.headdim + chunks - 1) / chunks;
   rows_per_block = (rows_per_block + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter;
@@ -134,7 +135,12 @@ template <DType kState>
 void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) {
   using state_t = typename CudaType<kState>::type;
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
-    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] { launch_mamba2_step<state_t, typename CudaType<kAct>::type, kN>(p, stream); });
+    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
+      using act_t = typename CudaType<kAct>::type;
+      // kUnroll rows in flight per thread (4); one row per thread, smaller blocks, when REPLAYSSM_TUNE asks.
+      if (tune_knob("step_unroll") == 1) launch_mamba2_step<state_t, act_t, kN, 1>(p, stream);
+      else launch_mamba2_step<state_t, act_t, kN, 4>(p, stream);
+    });
   });
 }
 
@@ -146,31 +152,48 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
 // the token is appended to the ring (x, B, dt) and the cursor advances.
 //
 // Grid (row chunks of a group, G, batch): a group's rows are its heads' (head, p) rows, so (B_j . C_t) is
-// computed once per block for all the heads it covers (a whole group at serving batch sizes), not per head.
-// Each row belongs to a group of at most 4 or 8 lanes (ReplayMaxLanes): each lane holds several 16-byte
-// vectors of the row, so index math, ring values and the group sum are paid per 64+ bytes (with a warp per
-// row the kernel ran at ~1 TB/s). The checkpoint streams through shared memory with cp.async, kStages deep,
-// each thread copying and later reading only its own vectors (no block barrier): loads stay in flight while
-// warps compute or wait on the ring, whose values a register prefetch fetches kAhead rows ahead.
-// The first stages are issued before anything else (they need only the slot); the block scalars are
-// computed while they fly. Lane l of a row holds the row's ring values x_j[p] for j = l, l + kLanes, ...;
-// one group sum gives y; at a fold the lanes exchange x_j by shuffles.
+// computed once per block for all the heads it covers, not per head.
+// * The checkpoint streams through shared memory with cp.async, kStages deep; each thread copies and later
+//   reads only its own vectors (no block barrier). The first stages are issued as soon as the slot is known.
+// * Everything else a row needs (its ring values x_j, this token's x and z) is copied into shared memory
+//   tiles in the prologue, with 16-byte cp.async where the layout allows. The row loop then issues no global
+//   load but the checkpoint's: with per-row global loads in it (v1-v7), the warps stalled on them and DRAM
+//   stayed at ~45% (bench/NOTES.md).
+// * A row belongs to kLanes lanes (4, or 8 for long rows), each holding up to 8 16-byte vectors of it, so
+//   index math and the group sum are paid per 64-128 bytes.
+// * At small batch the grid is a fraction of one wave and the step is a chain of dependent memory trips
+//   (slot -> cursor -> ring). There the whole ring is fetched with the cursor (prefetch_ring), one trip
+//   fewer; entries past the cursor are read and ignored. At larger batch only the cursor's entries are read.
 // The cursor is advanced by the last block of the slot to finish (a per-slot arrival counter): every block
 // read it at its start, so one launch suffices, with no host sync; graph-capturable.
-template <int kStages, int kVecsPerThread>
+template <typename ckpt_t, int kN>
+struct ReplayLanes {  // lanes per row: each holds at most 8 16-byte vectors, and there are at least 4
+  static constexpr int kVecsPerRow = kN * int(sizeof(ckpt_t)) / 16;
+  static constexpr int value = kVecsPerRow <= 4 ? kVecsPerRow : (kVecsPerRow / 8 > 4 ? kVecsPerRow / 8 : 4);
+};
+
+// Shared memory of one block (byte offsets, each section 16-byte aligned).
 struct ReplaySmem {
-  int C, Bs, dts, wdt, wbc, decay, Ds, bc, total;  // offsets in floats, after the staging buffer
-  static constexpr int kStagingFloats(int threads) { return kStages * kVecsPerThread * threads * 4; }
-  __host__ __device__ ReplaySmem(int threads, int dstate, int ring_len, int max_heads) {
-    C = kStagingFloats(threads);
-    Bs = C + dstate;                    // [j][n] B_j
-    dts = Bs + ring_len * dstate;       // [head][j] dt_j
-    wdt = dts + max_heads * ring_len;   // [head][j] exp(c_t - c_j) dt_j
-    wbc = wdt + max_heads * ring_len;   // [head][j] exp(c_t - c_j) dt_j (B_j . C_t)
-    decay = wbc + max_heads * ring_len; // [head] exp(c_t)
-    Ds = decay + max_heads;             // [head] D
-    bc = Ds + max_heads;                // [j] B_j . C_t
-    total = bc + ring_len;
+  int tile_stride;  // elements per tile row: the block's rows plus 8 (keeps ring rows on different banks)
+  int staging, xs, xt, zs, Bring, Bt, C, dts, dtt, wdt, decay, Ds, bc, total;
+  __host__ __device__ ReplaySmem(int staging_bytes, int act_bytes, int rows, int dstate, int ring_len, int max_heads) {
+    auto up = [](int v) { return (v + 15) / 16 * 16; };
+    tile_stride = (rows + 7) / 8 * 8 + 8;
+    int o = 0;
+    staging = o, o += up(staging_bytes);                        // [stage][vec][thread] checkpoint vectors
+    xs = o, o += up((ring_len - 1) * tile_stride * act_bytes);  // [j][row] ring x_j (raw)
+    xt = o, o += up(tile_stride * act_bytes);                   // [row] this token's x
+    zs = o, o += up(tile_stride * act_bytes);                   // [row] this token's z
+    Bring = o, o += up((ring_len - 1) * dstate * act_bytes);    // [j][n] ring B_j (raw)
+    Bt = o, o += up(dstate * 4);                                // [n] this token's B
+    C = o, o += up(dstate * 4);                                 // [n] C_t
+    dts = o, o += up(max_heads * ring_len * 4);                 // [head][j] ring dt_j
+    dtt = o, o += up(max_heads * 4);                            // [head] this token's dt
+    wdt = o, o += up(max_heads * ring_len * 4);                 // [head][j] exp(c_t - c_j) dt_j, j <= w
+    decay = o, o += up(max_heads * 4);                          // [head] exp(c_t)
+    Ds = o, o += up(max_heads * 4);                             // [head] D
+    bc = o, o += up(ring_len * 4);                              // [j] B_j . C_t, j <= w
+    total = o;
   }
 };
 
@@ -182,39 +205,58 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
 
-// Lanes per row: 4 for rings of up to 16 tokens (each lane then holds 4 ring values and, for an fp32 row of
-// 128, 128 bytes of it: index math and bookkeeping are paid per 128 bytes); 8 for longer rings.
-template <int kRingMax> struct ReplayMaxLanes { static constexpr int value = kRingMax <= 16 ? 4 : 8; };
+// dst[j * dst_stride + k] = src[j * src_pos_stride + row(r0 + k)] for j < nj, k < n, where row(r) is element
+// (r / headdim, r % headdim) of a (heads, headdim) plane with the given head stride. vec: the rows are
+// contiguous (head_stride == headdim) and everything is 16-byte aligned: cp.async by 16 bytes.
+template <typename T, int kThreads>
+__device__ __forceinline__ void copy_head_rows(T* dst, int dst_stride, const T* src, int64_t src_pos_stride,
+                                               int64_t head_stride, int headdim, int r0, int n, int nj, bool vec) {
+  if (vec) {
+    constexpr int kV = 16 / sizeof(T);
+    const int nv = n / kV;
+    for (int idx = threadIdx.x; idx < nj * nv; idx += kThreads) {
+      const int j = idx / nv, k = (idx % nv) * kV;
+      cp_async16(dst + j * dst_stride + k, src + j * src_pos_stride + r0 + k);
+    }
+  } else {
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < nj * n; idx += kThreads) {
+      const int j = idx / n, r = r0 + idx % n;
+      dst[j * dst_stride + r - r0] = src[j * src_pos_stride + (r / headdim) * head_stride + r % headdim];
+    }
+  }
+}
 
-template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages, int kRingMax>
-__global__ void __launch_bounds__(kThreads, 2)
-    mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads) {
-  constexpr int kAhead = 3;
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayMaxLanes<kRingMax>::value>;
+template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages>
+__global__ void __launch_bounds__(kThreads, 3)
+    mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
+                              const bool io_vec, const bool prefetch_ring) {
+  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayLanes<ckpt_t, kN>::value>;
   constexpr int kLanes = Layout::kLanesPerRow;
   constexpr int kVecs = Layout::kVecsPerLane;
-  constexpr int kRingPerLane = (kRingMax + kLanes - 1) / kLanes;  // ring positions a lane may hold
+  constexpr int kCols = Layout::kColsPerLane;
   const Mamba2ReplayCacheParams& c = p.cache;
   const int b = blockIdx.z, g = blockIdx.y;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
+  const int w = c.cursor[slot];  // in flight while the first loads are issued
 
   const int heads_per_group = p.nheads / p.ngroups;
+  const int L = c.ring_len;
   const int row_begin = blockIdx.x * rows_per_block;
   const int row_end = min(heads_per_group * p.headdim, row_begin + rows_per_block);
+  const int nrows = row_end - row_begin;
   const int head_begin = row_begin / p.headdim;  // local head index within the group
   const int nheads_block = (row_end - 1) / p.headdim - head_begin + 1;
   const int h0 = g * heads_per_group + head_begin;  // first global head of the block
-  const int n_iter = (row_end - row_begin + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
-  const int L = c.ring_len;
+  const int n_iter = (nrows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
   const int row0 = row_begin + warp * Layout::kRowsPerWarp + row_in_warp;  // this thread's row in iteration 0
   const ckpt_t* ckpt_group =
       static_cast<const ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(g) * heads_per_group * c.ckpt_head_stride;
-  // This thread's row in the k-th iteration, as (row, head in block, p), advanced without divisions: the
-  // copies, the ring prefetch and the compute each walk the rows with their own tracker.
+  // This thread's row in the k-th iteration, as (row, head in block, p), advanced without divisions.
   struct RowPos {
     int r, hl, i;
   };
@@ -229,8 +271,23 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   auto ckpt_row = [&](const RowPos& q) { return ckpt_group + (head_begin + q.hl) * c.ckpt_head_stride + q.i * c.ckpt_row_stride; };
 
-  extern __shared__ __align__(16) float smem[];
-  uint4* staging = reinterpret_cast<uint4*>(smem);  // [stage][vec][thread]
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const ReplaySmem off(kStages * kVecs * kThreads * 16, sizeof(act_t), rows_per_block, kN, L, max_heads);
+  uint4* staging = reinterpret_cast<uint4*>(smem_raw + off.staging);
+  act_t* xs = reinterpret_cast<act_t*>(smem_raw + off.xs);
+  act_t* xt_s = reinterpret_cast<act_t*>(smem_raw + off.xt);
+  act_t* zs = reinterpret_cast<act_t*>(smem_raw + off.zs);
+  act_t* Bring = reinterpret_cast<act_t*>(smem_raw + off.Bring);
+  float* Bt_s = reinterpret_cast<float*>(smem_raw + off.Bt);
+  float* C_s = reinterpret_cast<float*>(smem_raw + off.C);
+  float* dts = reinterpret_cast<float*>(smem_raw + off.dts);
+  float* dtt = reinterpret_cast<float*>(smem_raw + off.dtt);
+  float* wdt = reinterpret_cast<float*>(smem_raw + off.wdt);
+  float* decay = reinterpret_cast<float*>(smem_raw + off.decay);
+  float* Ds = reinterpret_cast<float*>(smem_raw + off.Ds);
+  float* bc = reinterpret_cast<float*>(smem_raw + off.bc);
+  const int ts = off.tile_stride;
+
   RowPos copy_pos = pos0;
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
     if (it < n_iter && copy_pos.r < row_end) {
@@ -245,105 +302,93 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int it = 0; it < kStages - 1; ++it) issue(it);
 
-  const int w = c.cursor[slot];
-  RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-  const bool fold = is_fold_step(w, L);
-
-  // This thread's ring values of its row (lane l: x_j[p] for j = l, l + kLanes, ...; j == w is x_t), and for
-  // the row's lane 0 x_t[p] and z[p]; fetched kAhead iterations ahead.
-  const act_t* ring_x = static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride;
-  const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride;
-  const act_t* z_t = static_cast<const act_t*>(p.z) + b * p.z_batch_stride;
-  struct RowIn {
-    float xr[kRingPerLane];
-    act_t xt;
-    float zt;
-  };
-  RowPos ring_pos = pos0;
-  auto load_row_inputs = [&](int it, RowIn& in) {
-    const bool valid = it < n_iter && ring_pos.r < row_end;
-    const int h = h0 + ring_pos.hl, i = ring_pos.i;
-    advance(ring_pos);
-#pragma unroll
-    for (int k = 0; k < kRingPerLane; ++k) {
-      const int j = k * kLanes + lane_in_row;
-      in.xr[k] = 0.f;
-      if (valid && j <= w)
-        in.xr[k] = to_float(j < w ? ring_x[j * c.ring_x_pos_stride + h * c.ring_x_head_stride + i] : x_t[h * p.x_head_stride + i]);
-    }
-    if (valid && lane_in_row == 0) {
-      in.xt = x_t[h * p.x_head_stride + i];
-      in.zt = p.z ? to_float(z_t[h * p.z_head_stride + i]) : 0.f;
-    }
-  };
-  // Ring values are 2-byte reads from DRAM, fetched kAhead iterations early. Measured: no gain over one
-  // iteration (536 vs 524 us at batch 256), because load_row_inputs converts them to fp32 at load time and
-  // the warp waits there (ncu; bench/NOTES.md, "Next step").
-  RowIn ahead[kAhead];
-#pragma unroll
-  for (int a = 0; a < kAhead; ++a) load_row_inputs(a, ahead[a]);
-
-  // ---- Block scalars.
-  const ReplaySmem<kStages, kVecs> off(kThreads, kN, L, max_heads);
-  float* C_s = smem + off.C;
-  float* Bs = smem + off.Bs;
-  float* dts = smem + off.dts;
-  float* wdt = smem + off.wdt;
-  float* wbc = smem + off.wbc;
-  float* decay = smem + off.decay;
-  float* Ds = smem + off.Ds;
-  float* bc = smem + off.bc;
-  const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
-  const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
+  // ---- Prologue: this token's inputs and the ring into shared memory (one cp.async group).
+  const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + int64_t(g) * heads_per_group * p.x_head_stride;
+  copy_head_rows<act_t, kThreads>(xt_s, 0, x_t, 0, p.x_head_stride, p.headdim, row_begin, nrows, 1, io_vec);
+  if (p.z) {
+    const act_t* z_t = static_cast<const act_t*>(p.z) + b * p.z_batch_stride + int64_t(g) * heads_per_group * p.z_head_stride;
+    copy_head_rows<act_t, kThreads>(zs, 0, z_t, 0, p.z_head_stride, p.headdim, row_begin, nrows, 1, io_vec);
+  }
+  const act_t* ring_x =
+      static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + int64_t(g) * heads_per_group * c.ring_x_head_stride;
   const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
-  for (int n = threadIdx.x; n < kN; n += kThreads) C_s[n] = to_float(Ct[n]);
-  for (int idx = threadIdx.x; idx < (w + 1) * kN; idx += kThreads) {  // B_j, for B.C and the fold
-    const int j = idx / kN, n = idx % kN;
-    Bs[idx] = to_float(j < w ? ring_B[j * c.ring_B_pos_stride + n] : Bt[n]);
+  const float* ring_dt = c.ring_dt + slot * c.ring_dt_slot_stride + h0;
+  auto load_ring = [&](int nj) {  // ring positions 0..nj-1
+    copy_head_rows<act_t, kThreads>(xs, ts, ring_x, c.ring_x_pos_stride, c.ring_x_head_stride, p.headdim, row_begin, nrows, nj,
+                                    io_vec);
+    copy_head_rows<act_t, kThreads>(Bring, kN, ring_B, c.ring_B_pos_stride, 0, kN, 0, kN, nj, io_vec);
+    for (int idx = threadIdx.x; idx < nheads_block * nj; idx += kThreads) {
+      const int hl = idx / nj, j = idx % nj;
+      dts[hl * L + j] = ring_dt[j * c.ring_dt_pos_stride + hl];
+    }
+  };
+  if (prefetch_ring) load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
+  {
+    const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
+    const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
+    for (int n = threadIdx.x; n < kN; n += kThreads) {
+      Bt_s[n] = to_float(Bt[n]);
+      C_s[n] = to_float(Ct[n]);
+    }
+    for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads) {
+      const int h = h0 + hl;
+      dtt[hl] = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
+                           p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
+      Ds[hl] = p.D ? p.D[h] : 0.f;
+    }
   }
-  for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
-    const int hl = idx / (w + 1), j = idx % (w + 1), h = h0 + hl;
-    dts[hl * L + j] = j < w ? c.ring_dt[slot * c.ring_dt_slot_stride + j * c.ring_dt_pos_stride + h]
-                            : process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
-                                         p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
-  }
-  for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads) Ds[hl] = p.D ? p.D[h0 + hl] : 0.f;
+  RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+  if (!prefetch_ring) load_ring(w);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
+
+  // ---- Block scalars: B_j . C_t (a warp per j) and the decays (a thread per head).
+  const bool fold = is_fold_step(w, L);
   for (int j = warp; j <= w; j += Layout::kWarps) {
     float acc = 0.f;
-    for (int n = lane; n < kN; n += 32) acc = fmaf(Bs[j * kN + n], C_s[n], acc);
+    for (int n = lane; n < kN; n += 32) acc = fmaf(j < w ? to_float(Bring[j * kN + n]) : Bt_s[n], C_s[n], acc);
     acc = group_sum<32>(acc);
     if (lane == 0) bc[j] = acc;
   }
   if (threadIdx.x < nheads_block) {
     const int hl = threadIdx.x;
-    const float* dt_row = dts + hl * L;
+    auto dt_at = [&](int j) { return j < w ? dts[hl * L + j] : dtt[hl]; };
     float* w_row = wdt + hl * L;
-    decay[hl] = replay_decays([&](int j) { return dt_row[j]; }, w, p.A[h0 + hl], w_row);
-    for (int j = 0; j <= w; ++j) w_row[j] *= dt_row[j];
+    decay[hl] = replay_decays(dt_at, w, p.A[h0 + hl], w_row);
+    for (int j = 0; j <= w; ++j) w_row[j] *= dt_at(j);
   }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
-    const int hl = idx / (w + 1), j = idx % (w + 1);
-    wbc[hl * L + j] = wdt[hl * L + j] * bc[j];
+  float Cv[kCols];  // this lane's columns of C_t
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+    for (int e = 0; e < Layout::kVec; ++e) Cv[v * Layout::kVec + e] = C_s[Layout::col(lane_in_row, v, e)];
+  if (!fold) {  // append this token's x to the ring (its B and dt after the loop)
+    act_t* dst = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride +
+                 int64_t(g) * heads_per_group * c.ring_x_head_stride;
+    if (io_vec) {
+      constexpr int kV = 16 / sizeof(act_t);
+      for (int k = threadIdx.x * kV; k < nrows; k += kThreads * kV)
+        *reinterpret_cast<uint4*>(dst + row_begin + k) = *reinterpret_cast<const uint4*>(xt_s + k);
+    } else {
+      for (int k = threadIdx.x; k < nrows; k += kThreads) {
+        const int r = row_begin + k;
+        dst[(r / p.headdim) * c.ring_x_head_stride + r % p.headdim] = xt_s[k];
+      }
+    }
   }
   __syncthreads();
 
   // ---- Stream the block's rows.
-  act_t* ring_x_w = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride;
   RowPos pos = pos0;
   for (int it = 0; it < n_iter; ++it) {
     issue(it + kStages - 1);
-    const RowIn in = ahead[0];
-#pragma unroll
-    for (int a = 0; a + 1 < kAhead; ++a) ahead[a] = ahead[a + 1];
-    load_row_inputs(it + kAhead, ahead[kAhead - 1]);
     cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
     const RowPos q = pos;
     advance(pos);
     const bool valid = q.r < row_end;
-    const int hl = valid ? q.hl : 0, i = q.i, h = h0 + hl;
-    float s[Layout::kColsPerLane];
+    const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
+    float s[kCols];
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
@@ -351,47 +396,41 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = to_float(elems[e]);
     }
-    float sc = 0.f;  // C_t read from shared memory (fewer registers)
+    float sc = 0.f;
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-      for (int e = 0; e < Layout::kVec; ++e) sc = fmaf(s[v * Layout::kVec + e], C_s[Layout::col(lane_in_row, v, e)], sc);
+    for (int col = 0; col < kCols; ++col) sc = fmaf(s[col], Cv[col], sc);
+    const float* wdt_h = wdt + hl * L;
     float y = decay[hl] * sc;
-#pragma unroll
-    for (int k = 0; k < kRingPerLane; ++k) {
-      const int j = k * kLanes + lane_in_row;
-      if (j <= w) y = fmaf(wbc[hl * L + j], in.xr[k], y);
-    }
+    for (int j = lane_in_row; j < w; j += kLanes) y = fmaf(wdt_h[j] * bc[j], to_float(xs[j * ts + rl]), y);
     y = group_sum<kLanes>(y);
+    const float xt = to_float(xt_s[rl]);
     if (valid && lane_in_row == 0) {
-      y = fmaf(Ds[hl], to_float(in.xt), y);
-      if (p.z) y *= silu(in.zt);
-      static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + i] = from_float<act_t>(y);
-      if (!fold) ring_x_w[h * c.ring_x_head_stride + i] = in.xt;
+      y = fmaf(wdt_h[w] * bc[w] + Ds[hl], xt, y);
+      if (p.z) y *= silu(to_float(zs[rl]));
+      static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hl) * p.out_head_stride + q.i] = from_float<act_t>(y);
     }
     if (fold) {
-      // New checkpoint row: exp(c_t) S_c + sum_j exp(c_t - c_j) dt_j x_j[p] B_j; x_j comes from the lane
-      // of this row that holds it.
+      // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
       const float dcy = decay[hl];
 #pragma unroll
-      for (int col = 0; col < Layout::kColsPerLane; ++col) s[col] *= dcy;
+      for (int col = 0; col < kCols; ++col) s[col] *= dcy;
+      for (int j = 0; j < w; ++j) {
+        const float coef = wdt_h[j] * to_float(xs[j * ts + rl]);
+        const act_t* Bj = Bring + j * kN;
 #pragma unroll
-      for (int k = 0; k < kRingPerLane; ++k) {
-        for (int l = 0; l < kLanes; ++l) {
-          const int j = k * kLanes + l;
-          if (j > w) break;  // uniform across the warp: w is the slot's
-          const float xj = __shfl_sync(0xffffffffu, in.xr[k], row_in_warp * kLanes + l);
-          const float coef = wdt[hl * L + j] * xj;
-          const float* Bj = Bs + j * kN;
+        for (int v = 0; v < kVecs; ++v)
 #pragma unroll
-          for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-            for (int e = 0; e < Layout::kVec; ++e)
-              s[v * Layout::kVec + e] = fmaf(coef, Bj[Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
-        }
+          for (int e = 0; e < Layout::kVec; ++e)
+            s[v * Layout::kVec + e] = fmaf(coef, to_float(Bj[Layout::col(lane_in_row, v, e)]), s[v * Layout::kVec + e]);
       }
+      const float coef = wdt_h[w] * xt;
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+        for (int e = 0; e < Layout::kVec; ++e)
+          s[v * Layout::kVec + e] = fmaf(coef, Bt_s[Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
       if (valid) {
-        ckpt_t* row = static_cast<ckpt_t*>(c.checkpoint) + (ckpt_row(q) - static_cast<const ckpt_t*>(c.checkpoint));
+        ckpt_t* row = const_cast<ckpt_t*>(ckpt_row(q));
 #pragma unroll
         for (int v = 0; v < kVecs; ++v)
           store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
@@ -403,11 +442,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (!fold) {
     if (blockIdx.x == 0) {
       act_t* ring_B_w = static_cast<act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + w * c.ring_B_pos_stride + g * c.ring_B_group_stride;
-      for (int n = threadIdx.x; n < kN; n += kThreads) ring_B_w[n] = Bt[n];
+      for (int n = threadIdx.x; n < kN; n += kThreads) ring_B_w[n] = from_float<act_t>(Bt_s[n]);  // exact: B_t came as act_t
     }
     for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads)
       if ((head_begin + hl) * p.headdim >= row_begin)  // the block holding the head's first row writes its dt
-        c.ring_dt[slot * c.ring_dt_slot_stride + w * c.ring_dt_pos_stride + h0 + hl] = dts[hl * L + w];
+        c.ring_dt[slot * c.ring_dt_slot_stride + w * c.ring_dt_pos_stride + h0 + hl] = dtt[hl];
   }
   // Count this block in; the slot's last block advances the cursor (all blocks read it at their start).
   __syncthreads();
@@ -421,27 +460,30 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-template <typename ckpt_t, typename act_t, int kN, int kRingMax>
+inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+template <typename ckpt_t, typename act_t, int kN>
 void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
-  // Three stages per thread (two in flight while the third is read): with 128 bytes of a row per thread
-  // and two blocks per SM, ~128 KiB of checkpoint reads outstanding per SM.
-  constexpr int kThreads = 256, kStages = 3;
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayMaxLanes<kRingMax>::value>;
-  // Rows of a group per block: whole groups (B.C once per group) unless that leaves SMs idle; then
-  // smaller chunks, down to one iteration of the row loop.
+  // Two stages in flight while a third is read, 128 bytes of a row per thread per stage: with three blocks
+  // of 128 threads per SM, ~96 KiB of checkpoint reads outstanding per SM.
+  constexpr int kThreads = 128, kStages = 3;
+  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayLanes<ckpt_t, kN>::value>;
+  const Mamba2ReplayCacheParams& c = p.cache;
+  // Rows of a group per block: enough blocks for ~4 waves of 3 blocks per SM (prologues overlap other
+  // blocks' streaming; the last wave is short), at most 512 rows (shared memory for 3 blocks per SM).
   const int group_rows = (p.nheads / p.ngroups) * p.headdim;
   const int64_t groups_total = int64_t(p.batch) * p.ngroups;
-  const int64_t target_blocks = int64_t(num_sms()) * 4;
+  const int64_t target_blocks = int64_t(num_sms()) * 12;
   int64_t rows = (groups_total * group_rows + target_blocks - 1) / target_blocks;
-  rows = (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter;
-  // Capped so that shared memory stays small and one thread per head can set up the decays.
-  const int64_t cap = std::min<int64_t>({group_rows, 2048, int64_t(kThreads - 1) * p.headdim});
-  int rows_per_block = static_cast<int>(std::min<int64_t>(rows, cap));
+  const int forced_rows = tune_knob("replay_rows");
+  if (forced_rows > 0) rows = forced_rows;
+  rows = std::max<int64_t>(Layout::kRowsPerIter, (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
+  int rows_per_block = static_cast<int>(std::min<int64_t>({rows, group_rows, forced_rows > 0 ? int64_t(1) << 20 : 512,
+                                                          int64_t(kThreads) * p.headdim}));
   auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
   auto smem_for = [&](int r) {
-    return size_t(ReplaySmem<kStages, Layout::kVecsPerLane>(kThreads, kN, p.cache.ring_len, heads_for(r)).total) * sizeof(float);
+    return size_t(ReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kN, c.ring_len, heads_for(r)).total);
   };
-  // Per-head scalars grow with the rows of a block: halve it until its shared memory fits the device.
   static const size_t smem_limit = [] {
     int device = 0, bytes = 0;
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
@@ -454,14 +496,24 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
     throw std::invalid_argument("replayssm: mamba2_replay_step needs more shared memory than the device has for this "
                                 "dstate and ring_len");
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
-  const int max_heads = heads_for(rows_per_block);
+  // 16-byte copies of the row tiles when every plane is contiguous over (head, p) and 16-byte aligned.
+  constexpr int kV = 16 / sizeof(act_t);
+  const bool io_vec = p.headdim % kV == 0 && rows_per_block % kV == 0 && kN % kV == 0 && aligned16(p.x) && aligned16(c.ring_x) &&
+                      aligned16(c.ring_B) && p.x_head_stride == p.headdim && p.x_batch_stride % kV == 0 &&
+                      c.ring_x_head_stride == p.headdim && c.ring_x_slot_stride % kV == 0 && c.ring_x_pos_stride % kV == 0 &&
+                      c.ring_B_slot_stride % kV == 0 && c.ring_B_pos_stride % kV == 0 && c.ring_B_group_stride % kV == 0 &&
+                      (!p.z || (aligned16(p.z) && p.z_head_stride == p.headdim && p.z_batch_stride % kV == 0));
+  // Fetch the whole ring with the cursor when the grid is within one wave (latency-bound).
+  const int64_t blocks = int64_t(chunks) * groups_total;
+  const int forced_prefetch = tune_knob("replay_prefetch");
+  const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * 3;
   const size_t smem_bytes = smem_for(rows_per_block);
-  auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kStages, kRingMax>;
+  auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kStages>;
   if (smem_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");
   const dim3 grid(chunks, p.ngroups, p.batch);
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, rows_per_block, max_heads);
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring);
   check_cuda(cudaGetLastError(), "mamba2_replay_step kernel launch");
 }
 
@@ -469,14 +521,9 @@ template <DType kCkpt>
 void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
   using ckpt_t = typename CudaType<kCkpt>::type;
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
-    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
-      using act_t = typename CudaType<kAct>::type;
-      if (p.cache.ring_len <= 16) launch_mamba2_replay_step<ckpt_t, act_t, kN, 16>(p, stream);
-      else launch_mamba2_replay_step<ckpt_t, act_t, kN, kMaxRing>(p, stream);
-    });
+    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] { launch_mamba2_replay_step<ckpt_t, typename CudaType<kAct>::type, kN>(p, stream); });
   });
 }
-
 // ---------------------------------------------------------------------------------------------------
 // State at the cursor: exp(c_w) S_c + sum_{j<w} exp(c_w - c_j) dt_j x_j (x) B_j, written to out (fp32).
 // Not a hot path (reading a slot back, tests, handing a sequence over): one block per (head, row).
