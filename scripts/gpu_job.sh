@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One job on the H200 machine: build for sm_90a, run the tests (CUDA ones included), the demo, the benchmark
 # and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
-# with steps from: build test sanitize demo bench tune ncu profile (default: build test demo bench ncu).
+# with steps from: build test sanitize racecheck demo bench tune ncu profile (default: build test demo bench ncu).
 # tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +33,7 @@ for step in $STEPS; do
     build) rm -rf build replayssm/_C*.so; run build python3 -m pip install -e . --no-build-isolation --no-deps -v || exit 1 ;;
     test) run test python3 -m pytest -q -rs tests ;;
     sanitize) run sanitize compute-sanitizer --tool memcheck --target-processes all python3 -m pytest -q -x tests -m cuda -k "not out_of_range" ;;
+    racecheck) run racecheck compute-sanitizer --tool racecheck python3 -m pytest -q -x tests/test_mamba2.py -k "launch_configurations" ;;
     demo) run demo python3 -m replayssm demo ;;
     bench) run bench python3 bench/bench_mamba2.py --out "$OUT/mamba2_decode.json" ;;
     tune) run tune python3 bench/bench_mamba2.py --tune --out "$OUT/mamba2_decode.json" ;;

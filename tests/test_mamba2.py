@@ -119,6 +119,26 @@ def test_shapes_that_are_not_tile_multiples(device, shape):
     assert max(max(e["std"], e["rep"]) for e in res["errs"]) < tol
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("tune", ["replay_rows=32,replay_grid=5", "replay_rows=64,replay_grid=3,replay_prefetch=1",
+                                  "replay_prefetch=1", "replay_prefetch=0"])
+def test_cuda_replay_launch_configurations(monkeypatch, tune):
+    """The persistent replay kernel with many work items per block (rows of several slots, pad rows, mixed
+    cursors and folds in one block's sequence) and with or without the ring fetched before the cursor."""
+    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
+    L = 8
+    res = run_sequence("cuda", H=8, P=64, N=128, G=2, L=L, batch=6, num_slots=9, T=2 * L + 3, act_dtype=torch.bfloat16,
+                       state_dtype=torch.float32, gen=make_gen(), pad_rows=(4,), join_at=[0, 1, 3, 5, 2, 0])
+    tol = tolerance(torch.bfloat16, torch.float32)
+    assert max(max(e["std"], e["rep"]) for e in res["errs"]) < tol
+    sl = res["slots"][[0, 1, 2, 3, 5]]
+    assert res["cache"].cursor.cpu()[sl].tolist() == [res["cursor"][s] for s in sl.tolist()]
+    got = replayssm.mamba2_replay_state(res["cache"], res["layer"].A, sl.to("cuda"))
+    assert rel_err(got, res["ref_rep"][sl]) < 4 * UNIT_ROUNDOFF[torch.float32] + 2e-5
+    assert (res["cache"].arrivals == 0).all()
+
+
 def test_noncontiguous_pool_views(device):
     res = run_sequence(device, H=4, P=16, N=32, G=2, L=4, batch=3, num_slots=5, T=10, act_dtype=torch.float32,
                        state_dtype=torch.float32, gen=make_gen(), view_pool=True)

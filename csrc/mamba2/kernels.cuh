@@ -137,9 +137,13 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
       using act_t = typename CudaType<kAct>::type;
-      // kUnroll rows in flight per thread (4); one row per thread, smaller blocks, when REPLAYSSM_TUNE asks.
-      if (tune_knob("step_unroll") == 1) launch_mamba2_step<state_t, act_t, kN, 1>(p, stream);
-      else launch_mamba2_step<state_t, act_t, kN, 4>(p, stream);
+      // kUnroll rows in flight per thread: 4 (measured best), others when REPLAYSSM_TUNE asks.
+      switch (tune_knob("step_unroll")) {
+        case 1: return launch_mamba2_step<state_t, act_t, kN, 1>(p, stream);
+        case 2: return launch_mamba2_step<state_t, act_t, kN, 2>(p, stream);
+        case 8: return launch_mamba2_step<state_t, act_t, kN, 8>(p, stream);
+        default: return launch_mamba2_step<state_t, act_t, kN, 4>(p, stream);
+      }
     });
   });
 }
@@ -151,21 +155,22 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
 // Reads S_c (|S|) once; writes it only when the ring is full (fold: S_c <- S_t, cursor <- 0). Otherwise
 // the token is appended to the ring (x, B, dt) and the cursor advances.
 //
-// Grid (row chunks of a group, G, batch): a group's rows are its heads' (head, p) rows, so (B_j . C_t) is
-// computed once per block for all the heads it covers, not per head.
+// Work items are chunks of a group's rows (its heads' (head, p) rows) of one batch row, so (B_j . C_t) is
+// computed once per item for all the heads it covers, not per head. Blocks are persistent (below).
 // * The checkpoint streams through shared memory with cp.async, kStages deep; each thread copies and later
 //   reads only its own vectors (no block barrier). The first stages are issued as soon as the slot is known.
 // * Everything else a row needs (its ring values x_j, this token's x and z) is copied into shared memory
-//   tiles in the prologue, with 16-byte cp.async where the layout allows. The row loop then issues no global
+//   tiles in the item's prologue, by 16 bytes where the layout allows. The row loop then issues no global
 //   load but the checkpoint's: with per-row global loads in it (v1-v7), the warps stalled on them and DRAM
 //   stayed at ~45% (bench/NOTES.md).
 // * A row belongs to kLanes lanes (4, or 8 for long rows), each holding up to 8 16-byte vectors of it, so
 //   index math and the group sum are paid per 64-128 bytes.
-// * At small batch the grid is a fraction of one wave and the step is a chain of dependent memory trips
+// * When each block has a single item (small batch) the step is a chain of dependent memory trips
 //   (slot -> cursor -> ring). There the whole ring is fetched with the cursor (prefetch_ring), one trip
-//   fewer; entries past the cursor are read and ignored. At larger batch only the cursor's entries are read.
-// The cursor is advanced by the last block of the slot to finish (a per-slot arrival counter): every block
-// read it at its start, so one launch suffices, with no host sync; graph-capturable.
+//   fewer; entries past the cursor are read and ignored. Otherwise only the cursor's entries are read.
+// The cursor is advanced by the slot's last work item to count itself in on a per-slot arrival counter,
+// which each item does as soon as all its threads have read the cursor: one launch suffices, with no host
+// sync and no fence on the tail; graph-capturable.
 template <typename ckpt_t, int kN>
 struct ReplayLanes {  // lanes per row: each holds at most 8 16-byte vectors, and there are at least 4
   static constexpr int kVecsPerRow = kN * int(sizeof(ckpt_t)) / 16;
@@ -207,69 +212,66 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // dst[j * dst_stride + k] = src[j * src_pos_stride + row(r0 + k)] for j < nj, k < n, where row(r) is element
 // (r / headdim, r % headdim) of a (heads, headdim) plane with the given head stride. vec: the rows are
-// contiguous (head_stride == headdim) and everything is 16-byte aligned: cp.async by 16 bytes.
+// contiguous (head_stride == headdim) and everything is 16-byte aligned: copied by 16 bytes. Plain loads
+// (not cp.async), so that the checkpoint's cp.async groups stay in flight while the thread waits here.
 template <typename T, int kThreads>
 __device__ __forceinline__ void copy_head_rows(T* dst, int dst_stride, const T* src, int64_t src_pos_stride,
                                                int64_t head_stride, int headdim, int r0, int n, int nj, bool vec) {
+  constexpr int kBatch = 4;  // loads in flight per thread before their stores
   if (vec) {
     constexpr int kV = 16 / sizeof(T);
-    const int nv = n / kV;
-    for (int idx = threadIdx.x; idx < nj * nv; idx += kThreads) {
-      const int j = idx / nv, k = (idx % nv) * kV;
-      cp_async16(dst + j * dst_stride + k, src + j * src_pos_stride + r0 + k);
+    const int nv = n / kV, total = nj * nv;
+    for (int base = threadIdx.x; base < total; base += kThreads * kBatch) {
+      uint4 v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int idx = base + u * kThreads;
+        if (idx < total) v[u] = *reinterpret_cast<const uint4*>(src + (idx / nv) * src_pos_stride + r0 + (idx % nv) * kV);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int idx = base + u * kThreads;
+        if (idx < total) *reinterpret_cast<uint4*>(dst + (idx / nv) * dst_stride + (idx % nv) * kV) = v[u];
+      }
     }
   } else {
-#pragma unroll 4
-    for (int idx = threadIdx.x; idx < nj * n; idx += kThreads) {
-      const int j = idx / n, r = r0 + idx % n;
-      dst[j * dst_stride + r - r0] = src[j * src_pos_stride + (r / headdim) * head_stride + r % headdim];
+    const int total = nj * n;
+    for (int base = threadIdx.x; base < total; base += kThreads * kBatch) {
+      T v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int idx = base + u * kThreads, j = idx / n, r = r0 + idx % n;
+        if (idx < total) v[u] = src[j * src_pos_stride + (r / headdim) * head_stride + r % headdim];
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int idx = base + u * kThreads;
+        if (idx < total) dst[(idx / n) * dst_stride + idx % n] = v[u];
+      }
     }
   }
 }
 
+// Persistent: each block takes work items (a chunk of rows_per_block rows of one (row, group)) in turn,
+// blockIdx.x, blockIdx.x + gridDim.x, ...; the checkpoint pipeline runs across items, so the next item's
+// first vectors are in flight while this one ends and the next one's prologue (cursor, ring tiles, block
+// scalars, two barriers) runs.
 template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages>
 __global__ void __launch_bounds__(kThreads, 3)
-    mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
+    mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int chunks, const int max_heads,
                               const bool io_vec, const bool prefetch_ring) {
   using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayLanes<ckpt_t, kN>::value>;
   constexpr int kLanes = Layout::kLanesPerRow;
   constexpr int kVecs = Layout::kVecsPerLane;
   constexpr int kCols = Layout::kColsPerLane;
   const Mamba2ReplayCacheParams& c = p.cache;
-  const int b = blockIdx.z, g = blockIdx.y;
-  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
-  if (slot == kPadSlot) return;
-  RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
-  const int w = c.cursor[slot];  // in flight while the first loads are issued
-
   const int heads_per_group = p.nheads / p.ngroups;
+  const int group_rows = heads_per_group * p.headdim;
+  const int items_per_row = chunks * p.ngroups;  // work items of one batch row (one slot)
+  const int num_items = p.batch * items_per_row;
   const int L = c.ring_len;
-  const int row_begin = blockIdx.x * rows_per_block;
-  const int row_end = min(heads_per_group * p.headdim, row_begin + rows_per_block);
-  const int nrows = row_end - row_begin;
-  const int head_begin = row_begin / p.headdim;  // local head index within the group
-  const int nheads_block = (row_end - 1) / p.headdim - head_begin + 1;
-  const int h0 = g * heads_per_group + head_begin;  // first global head of the block
-  const int n_iter = (nrows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
-  const int row0 = row_begin + warp * Layout::kRowsPerWarp + row_in_warp;  // this thread's row in iteration 0
-  const ckpt_t* ckpt_group =
-      static_cast<const ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(g) * heads_per_group * c.ckpt_head_stride;
-  // This thread's row in the k-th iteration, as (row, head in block, p), advanced without divisions.
-  struct RowPos {
-    int r, hl, i;
-  };
-  const RowPos pos0{row0, row0 / p.headdim - head_begin, row0 % p.headdim};
-  auto advance = [&](RowPos& q) {
-    q.r += Layout::kRowsPerIter;
-    q.i += Layout::kRowsPerIter;
-    while (q.i >= p.headdim) {
-      q.i -= p.headdim;
-      ++q.hl;
-    }
-  };
-  auto ckpt_row = [&](const RowPos& q) { return ckpt_group + (head_begin + q.hl) * c.ckpt_head_stride + q.i * c.ckpt_row_stride; };
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const ReplaySmem off(kStages * kVecs * kThreads * 16, sizeof(act_t), rows_per_block, kN, L, max_heads);
@@ -288,176 +290,253 @@ __global__ void __launch_bounds__(kThreads, 3)
   float* bc = reinterpret_cast<float*>(smem_raw + off.bc);
   const int ts = off.tile_stride;
 
-  RowPos copy_pos = pos0;
-  auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
-    if (it < n_iter && copy_pos.r < row_end) {
-      const ckpt_t* src = ckpt_row(copy_pos);
+  // ---- Work items: (batch row b, group g, chunk), this block's in order; padding rows are skipped.
+  auto slot_of = [&](int id) { return slot_at(p.slot_ids, p.slot_ids_int64, id / items_per_row); };
+  auto first_live = [&](int id) {  // this block's first item from id on whose row is not padding
+    for (; id < num_items; id += gridDim.x)
+      if (slot_of(id) != kPadSlot) break;
+    return id;
+  };
+  struct Item {
+    int b, g, row_begin, row_end, head_begin, h0, n_iter;
+    int64_t slot;
+  };
+  auto make_item = [&](int id) {
+    Item t;
+    t.b = id / items_per_row;
+    const int rem = id % items_per_row;
+    t.g = rem / chunks;
+    t.slot = slot_of(id);
+    RSSM_DEVICE_CHECK(t.slot >= 0 && t.slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", t.b,
+                      (long long)t.slot);
+    t.row_begin = (rem % chunks) * rows_per_block;
+    t.row_end = min(group_rows, t.row_begin + rows_per_block);
+    t.head_begin = t.row_begin / p.headdim;
+    t.h0 = t.g * heads_per_group + t.head_begin;
+    t.n_iter = (t.row_end - t.row_begin + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
+    return t;
+  };
+  // This thread's row in an iteration, as (row, head in the item, p), advanced without divisions.
+  struct RowPos {
+    int r, hl, i;
+  };
+  auto start_pos = [&](const Item& t) {
+    const int r = t.row_begin + warp * Layout::kRowsPerWarp + row_in_warp;
+    return RowPos{r, r / p.headdim - t.head_begin, r % p.headdim};
+  };
+  auto advance = [&](RowPos& q) {
+    q.r += Layout::kRowsPerIter;
+    q.i += Layout::kRowsPerIter;
+    while (q.i >= p.headdim) {
+      q.i -= p.headdim;
+      ++q.hl;
+    }
+  };
+  auto ckpt_base = [&](const Item& t) {  // the item's first head in the checkpoint
+    return static_cast<const ckpt_t*>(c.checkpoint) + t.slot * c.ckpt_slot_stride + int64_t(t.h0) * c.ckpt_head_stride;
+  };
+
+  // ---- The checkpoint pipeline: iterations of all this block's items in one sequence, kStages - 1 ahead.
+  int iss_id = first_live(blockIdx.x), iss_it = 0, iss_n = 0, iss_end = 0, iss_seq = 0;
+  RowPos cpos{0, 0, 0};
+  const ckpt_t* iss_base = nullptr;
+  auto iss_enter = [&](int id) {
+    iss_id = id;
+    iss_it = 0;
+    if (id < num_items) {
+      const Item t = make_item(id);
+      iss_n = t.n_iter;
+      iss_end = t.row_end;
+      cpos = start_pos(t);
+      iss_base = ckpt_base(t);
+    }
+  };
+  iss_enter(iss_id);
+  auto issue = [&]() {  // start copying this thread's vectors of the next iteration (an empty group past the end)
+    if (iss_id < num_items) {
+      if (cpos.r < iss_end) {
+        const ckpt_t* src = iss_base + cpos.hl * c.ckpt_head_stride + cpos.i * c.ckpt_row_stride;
 #pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-        cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
+        for (int v = 0; v < kVecs; ++v)
+          cp_async16(&staging[((iss_seq % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
+      }
+      advance(cpos);
+      if (++iss_it == iss_n) iss_enter(first_live(iss_id + gridDim.x));
     }
     cp_async_commit();
-    advance(copy_pos);
+    ++iss_seq;
   };
 #pragma unroll
-  for (int it = 0; it < kStages - 1; ++it) issue(it);
+  for (int k = 0; k < kStages - 1; ++k) issue();
 
-  // ---- Prologue: this token's inputs and the ring into shared memory (one cp.async group).
-  const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + int64_t(g) * heads_per_group * p.x_head_stride;
-  copy_head_rows<act_t, kThreads>(xt_s, 0, x_t, 0, p.x_head_stride, p.headdim, row_begin, nrows, 1, io_vec);
-  if (p.z) {
-    const act_t* z_t = static_cast<const act_t*>(p.z) + b * p.z_batch_stride + int64_t(g) * heads_per_group * p.z_head_stride;
-    copy_head_rows<act_t, kThreads>(zs, 0, z_t, 0, p.z_head_stride, p.headdim, row_begin, nrows, 1, io_vec);
-  }
-  const act_t* ring_x =
-      static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + int64_t(g) * heads_per_group * c.ring_x_head_stride;
-  const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
-  const float* ring_dt = c.ring_dt + slot * c.ring_dt_slot_stride + h0;
-  auto load_ring = [&](int nj) {  // ring positions 0..nj-1
-    copy_head_rows<act_t, kThreads>(xs, ts, ring_x, c.ring_x_pos_stride, c.ring_x_head_stride, p.headdim, row_begin, nrows, nj,
-                                    io_vec);
-    copy_head_rows<act_t, kThreads>(Bring, kN, ring_B, c.ring_B_pos_stride, 0, kN, 0, kN, nj, io_vec);
-    for (int idx = threadIdx.x; idx < nheads_block * nj; idx += kThreads) {
-      const int hl = idx / nj, j = idx % nj;
-      dts[hl * L + j] = ring_dt[j * c.ring_dt_pos_stride + hl];
-    }
-  };
-  if (prefetch_ring) load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
-  {
-    const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
-    const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
-    for (int n = threadIdx.x; n < kN; n += kThreads) {
-      Bt_s[n] = to_float(Bt[n]);
-      C_s[n] = to_float(Ct[n]);
-    }
-    for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads) {
-      const int h = h0 + hl;
-      dtt[hl] = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
-                           p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
-      Ds[hl] = p.D ? p.D[h] : 0.f;
-    }
-  }
-  RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-  if (!prefetch_ring) load_ring(w);
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
+  int seq = 0;  // pipeline sequence number of the iteration being computed
+  for (int id = first_live(blockIdx.x); id < num_items; id = first_live(id + gridDim.x)) {
+    const Item t = make_item(id);
+    const int64_t slot = t.slot;
+    const int b = t.b, g = t.g, row_begin = t.row_begin, row_end = t.row_end, h0 = t.h0;
+    const int nrows = row_end - row_begin;
+    const int nheads_block = (row_end - 1) / p.headdim - t.head_begin + 1;
+    const int w = c.cursor[slot];
 
-  // ---- Block scalars: B_j . C_t (a warp per j) and the decays (a thread per head).
-  const bool fold = is_fold_step(w, L);
-  for (int j = warp; j <= w; j += Layout::kWarps) {
-    float acc = 0.f;
-    for (int n = lane; n < kN; n += 32) acc = fmaf(j < w ? to_float(Bring[j * kN + n]) : Bt_s[n], C_s[n], acc);
-    acc = group_sum<32>(acc);
-    if (lane == 0) bc[j] = acc;
-  }
-  if (threadIdx.x < nheads_block) {
-    const int hl = threadIdx.x;
-    auto dt_at = [&](int j) { return j < w ? dts[hl * L + j] : dtt[hl]; };
-    float* w_row = wdt + hl * L;
-    decay[hl] = replay_decays(dt_at, w, p.A[h0 + hl], w_row);
-    for (int j = 0; j <= w; ++j) w_row[j] *= dt_at(j);
-  }
-  float Cv[kCols];  // this lane's columns of C_t
-#pragma unroll
-  for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-    for (int e = 0; e < Layout::kVec; ++e) Cv[v * Layout::kVec + e] = C_s[Layout::col(lane_in_row, v, e)];
-  if (!fold) {  // append this token's x to the ring (its B and dt after the loop)
-    act_t* dst = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride +
-                 int64_t(g) * heads_per_group * c.ring_x_head_stride;
-    if (io_vec) {
-      constexpr int kV = 16 / sizeof(act_t);
-      for (int k = threadIdx.x * kV; k < nrows; k += kThreads * kV)
-        *reinterpret_cast<uint4*>(dst + row_begin + k) = *reinterpret_cast<const uint4*>(xt_s + k);
-    } else {
-      for (int k = threadIdx.x; k < nrows; k += kThreads) {
-        const int r = row_begin + k;
-        dst[(r / p.headdim) * c.ring_x_head_stride + r % p.headdim] = xt_s[k];
+    // ---- Prologue: this token's inputs and the ring into shared memory.
+    const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + int64_t(g) * heads_per_group * p.x_head_stride;
+    copy_head_rows<act_t, kThreads>(xt_s, 0, x_t, 0, p.x_head_stride, p.headdim, row_begin, nrows, 1, io_vec);
+    if (p.z) {
+      const act_t* z_t = static_cast<const act_t*>(p.z) + b * p.z_batch_stride + int64_t(g) * heads_per_group * p.z_head_stride;
+      copy_head_rows<act_t, kThreads>(zs, 0, z_t, 0, p.z_head_stride, p.headdim, row_begin, nrows, 1, io_vec);
+    }
+    const act_t* ring_x =
+        static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + int64_t(g) * heads_per_group * c.ring_x_head_stride;
+    const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
+    const float* ring_dt = c.ring_dt + slot * c.ring_dt_slot_stride + h0;
+    auto load_ring = [&](int nj) {  // ring positions 0..nj-1
+      copy_head_rows<act_t, kThreads>(xs, ts, ring_x, c.ring_x_pos_stride, c.ring_x_head_stride, p.headdim, row_begin, nrows, nj,
+                                      io_vec);
+      copy_head_rows<act_t, kThreads>(Bring, kN, ring_B, c.ring_B_pos_stride, 0, kN, 0, kN, nj, io_vec);
+      for (int idx = threadIdx.x; idx < nheads_block * nj; idx += kThreads) {
+        const int hl = idx / nj, j = idx % nj;
+        dts[hl * L + j] = ring_dt[j * c.ring_dt_pos_stride + hl];
+      }
+    };
+    if (prefetch_ring) load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
+    {
+      const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
+      const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
+      for (int n = threadIdx.x; n < kN; n += kThreads) {
+        Bt_s[n] = to_float(Bt[n]);
+        C_s[n] = to_float(Ct[n]);
+      }
+      for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads) {
+        const int h = h0 + hl;
+        dtt[hl] = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
+                             p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
+        Ds[hl] = p.D ? p.D[h] : 0.f;
       }
     }
-  }
-  __syncthreads();
+    RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+    if (!prefetch_ring) load_ring(w);
+    __syncthreads();  // tiles written; every thread of the block has read the cursor
 
-  // ---- Stream the block's rows.
-  RowPos pos = pos0;
-  for (int it = 0; it < n_iter; ++it) {
-    issue(it + kStages - 1);
-    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
-    const RowPos q = pos;
-    advance(pos);
-    const bool valid = q.r < row_end;
-    const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
-    float s[kCols];
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
-      const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
-#pragma unroll
-      for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = to_float(elems[e]);
+    // Count this item in: all its threads have read the cursor, so the slot's last item to arrive may advance
+    // it now (the other items of the slot read it before they arrived). The answer is used at the end.
+    int arrived = 0;
+    if (threadIdx.x == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
+
+    // ---- Block scalars: B_j . C_t (a warp per j) and the decays (a thread per (head, j); the same sums in
+    // the same order as replay_decays in math.h, which the CPU runs).
+    const bool fold = is_fold_step(w, L);
+    for (int j = warp; j <= w; j += Layout::kWarps) {
+      float acc = 0.f;
+      for (int n = lane; n < kN; n += 32) acc = fmaf(j < w ? to_float(Bring[j * kN + n]) : Bt_s[n], C_s[n], acc);
+      acc = group_sum<32>(acc);
+      if (lane == 0) bc[j] = acc;
     }
-    float sc = 0.f;
-#pragma unroll
-    for (int col = 0; col < kCols; ++col) sc = fmaf(s[col], Cv[col], sc);
-    const float* wdt_h = wdt + hl * L;
-    float y = decay[hl] * sc;
-    for (int j = lane_in_row; j < w; j += kLanes) y = fmaf(wdt_h[j] * bc[j], to_float(xs[j * ts + rl]), y);
-    y = group_sum<kLanes>(y);
-    const float xt = to_float(xt_s[rl]);
-    if (valid && lane_in_row == 0) {
-      y = fmaf(wdt_h[w] * bc[w] + Ds[hl], xt, y);
-      if (p.z) y *= silu(to_float(zs[rl]));
-      static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hl) * p.out_head_stride + q.i] = from_float<act_t>(y);
+    for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
+      const int hl = idx / (w + 1), j = idx % (w + 1);
+      auto dt_at = [&](int k) { return k < w ? dts[hl * L + k] : dtt[hl]; };
+      const float A = p.A[h0 + hl];
+      float suffix = 0.f;
+      for (int k = w; k > j; --k) suffix += dt_at(k);
+      wdt[hl * L + j] = expf(A * suffix) * dt_at(j);
+      if (j == 0) decay[hl] = expf(A * (suffix + dt_at(0)));
     }
-    if (fold) {
-      // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
-      const float dcy = decay[hl];
+    float Cv[kCols];  // this lane's columns of C_t
 #pragma unroll
-      for (int col = 0; col < kCols; ++col) s[col] *= dcy;
-      for (int j = 0; j < w; ++j) {
-        const float coef = wdt_h[j] * to_float(xs[j * ts + rl]);
-        const act_t* Bj = Bring + j * kN;
+    for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+      for (int e = 0; e < Layout::kVec; ++e) Cv[v * Layout::kVec + e] = C_s[Layout::col(lane_in_row, v, e)];
+    if (!fold) {  // append this token's x to the ring (its B and dt at the end)
+      act_t* dst = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride +
+                   int64_t(g) * heads_per_group * c.ring_x_head_stride;
+      if (io_vec) {
+        constexpr int kV = 16 / sizeof(act_t);
+        for (int k = threadIdx.x * kV; k < nrows; k += kThreads * kV)
+          *reinterpret_cast<uint4*>(dst + row_begin + k) = *reinterpret_cast<const uint4*>(xt_s + k);
+      } else {
+        for (int k = threadIdx.x; k < nrows; k += kThreads) {
+          const int r = row_begin + k;
+          dst[(r / p.headdim) * c.ring_x_head_stride + r % p.headdim] = xt_s[k];
+        }
+      }
+    }
+    __syncthreads();
+
+    // ---- Stream the item's rows.
+    const ckpt_t* base = ckpt_base(t);
+    RowPos pos = start_pos(t);
+    for (int it = 0; it < t.n_iter; ++it, ++seq) {
+      issue();
+      cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `seq` have landed
+      const RowPos q = pos;
+      advance(pos);
+      const bool valid = q.r < row_end;
+      const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
+      float s[kCols];
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        const uint4 raw = staging[((seq % kStages) * kVecs + v) * kThreads + threadIdx.x];
+        const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
+#pragma unroll
+        for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = to_float(elems[e]);
+      }
+      float sc = 0.f;
+#pragma unroll
+      for (int col = 0; col < kCols; ++col) sc = fmaf(s[col], Cv[col], sc);
+      const float* wdt_h = wdt + hl * L;
+      float y = decay[hl] * sc;
+      for (int j = lane_in_row; j < w; j += kLanes) y = fmaf(wdt_h[j] * bc[j], to_float(xs[j * ts + rl]), y);
+      y = group_sum<kLanes>(y);
+      const float xt = to_float(xt_s[rl]);
+      if (valid && lane_in_row == 0) {
+        y = fmaf(wdt_h[w] * bc[w] + Ds[hl], xt, y);
+        if (p.z) y *= silu(to_float(zs[rl]));
+        static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hl) * p.out_head_stride + q.i] = from_float<act_t>(y);
+      }
+      if (fold) {
+        // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
+        const float dcy = decay[hl];
+#pragma unroll
+        for (int col = 0; col < kCols; ++col) s[col] *= dcy;
+        for (int j = 0; j < w; ++j) {
+          const float coef = wdt_h[j] * to_float(xs[j * ts + rl]);
+          const act_t* Bj = Bring + j * kN;
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+            for (int e = 0; e < Layout::kVec; ++e)
+              s[v * Layout::kVec + e] = fmaf(coef, to_float(Bj[Layout::col(lane_in_row, v, e)]), s[v * Layout::kVec + e]);
+        }
+        const float coef = wdt_h[w] * xt;
 #pragma unroll
         for (int v = 0; v < kVecs; ++v)
 #pragma unroll
           for (int e = 0; e < Layout::kVec; ++e)
-            s[v * Layout::kVec + e] = fmaf(coef, to_float(Bj[Layout::col(lane_in_row, v, e)]), s[v * Layout::kVec + e]);
-      }
-      const float coef = wdt_h[w] * xt;
+            s[v * Layout::kVec + e] = fmaf(coef, Bt_s[Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
+        if (valid) {
+          ckpt_t* row = const_cast<ckpt_t*>(base) + q.hl * c.ckpt_head_stride + q.i * c.ckpt_row_stride;
 #pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-        for (int e = 0; e < Layout::kVec; ++e)
-          s[v * Layout::kVec + e] = fmaf(coef, Bt_s[Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
-      if (valid) {
-        ckpt_t* row = const_cast<ckpt_t*>(ckpt_row(q));
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-          store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+          for (int v = 0; v < kVecs; ++v)
+            store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+        }
       }
     }
-  }
-  cp_async_wait<0>();
 
-  if (!fold) {
-    if (blockIdx.x == 0) {
-      act_t* ring_B_w = static_cast<act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + w * c.ring_B_pos_stride + g * c.ring_B_group_stride;
-      for (int n = threadIdx.x; n < kN; n += kThreads) ring_B_w[n] = from_float<act_t>(Bt_s[n]);  // exact: B_t came as act_t
+    if (!fold) {
+      if (row_begin == 0) {
+        act_t* ring_B_w = static_cast<act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + w * c.ring_B_pos_stride + g * c.ring_B_group_stride;
+        for (int n = threadIdx.x; n < kN; n += kThreads) ring_B_w[n] = from_float<act_t>(Bt_s[n]);  // exact: B_t came as act_t
+      }
+      for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads)
+        if ((t.head_begin + hl) * p.headdim >= row_begin)  // the item holding the head's first row writes its dt
+          c.ring_dt[slot * c.ring_dt_slot_stride + w * c.ring_dt_pos_stride + h0 + hl] = dtt[hl];
     }
-    for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads)
-      if ((head_begin + hl) * p.headdim >= row_begin)  // the block holding the head's first row writes its dt
-        c.ring_dt[slot * c.ring_dt_slot_stride + w * c.ring_dt_pos_stride + h0 + hl] = dtt[hl];
-  }
-  // Count this block in; the slot's last block advances the cursor (all blocks read it at their start).
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const int blocks_per_row = gridDim.x * gridDim.y;
-    if (atomicAdd(&c.arrivals[slot], 1) == blocks_per_row - 1) {
-      atomicSub(&c.arrivals[slot], blocks_per_row);  // not a plain store: it must not erase a concurrent arrival
+    if (threadIdx.x == 0 && arrived == items_per_row - 1) {
+      atomicSub(&c.arrivals[slot], items_per_row);  // zero again for the next launch
       c.cursor[slot] = next_cursor(w, L);
     }
+    __syncthreads();  // the next item's prologue overwrites the tiles
   }
+  cp_async_wait<0>();
 }
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -469,33 +548,43 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
   constexpr int kThreads = 128, kStages = 3;
   using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayLanes<ckpt_t, kN>::value>;
   const Mamba2ReplayCacheParams& c = p.cache;
-  // Rows of a group per block: enough blocks for ~4 waves of 3 blocks per SM (prologues overlap other
-  // blocks' streaming; the last wave is short), at most 512 rows (shared memory for 3 blocks per SM).
-  const int group_rows = (p.nheads / p.ngroups) * p.headdim;
-  const int64_t groups_total = int64_t(p.batch) * p.ngroups;
-  const int64_t target_blocks = int64_t(num_sms()) * 12;
-  int64_t rows = (groups_total * group_rows + target_blocks - 1) / target_blocks;
-  const int forced_rows = tune_knob("replay_rows");
-  if (forced_rows > 0) rows = forced_rows;
-  rows = std::max<int64_t>(Layout::kRowsPerIter, (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
-  int rows_per_block = static_cast<int>(std::min<int64_t>({rows, group_rows, forced_rows > 0 ? int64_t(1) << 20 : 512,
-                                                          int64_t(kThreads) * p.headdim}));
-  auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
-  auto smem_for = [&](int r) {
-    return size_t(ReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kN, c.ring_len, heads_for(r)).total);
-  };
-  static const size_t smem_limit = [] {
+  auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kStages>;
+  static const int device_smem = [] {
     int device = 0, bytes = 0;
     check_cuda(cudaGetDevice(&device), "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
-    return size_t(bytes);
+    return bytes;
   }();
-  while (smem_for(rows_per_block) > smem_limit && rows_per_block > Layout::kRowsPerIter)
+  // Rows per work item: about 4 items per block, at most 512 rows (shared memory for 3 blocks per SM).
+  const int group_rows = (p.nheads / p.ngroups) * p.headdim;
+  const int64_t total_rows = int64_t(p.batch) * p.ngroups * group_rows;
+  const int forced_rows = tune_knob("replay_rows");
+  int64_t rows = forced_rows > 0 ? forced_rows : std::min<int64_t>(512, total_rows / (int64_t(num_sms()) * 3 * 4));
+  rows = std::max<int64_t>(Layout::kRowsPerIter, (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
+  int rows_per_block = static_cast<int>(std::min<int64_t>({rows, int64_t(group_rows), int64_t(kThreads) * p.headdim}));
+  auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
+  auto smem_for = [&](int r) {
+    return ReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kN, c.ring_len, heads_for(r)).total;
+  };
+  while (smem_for(rows_per_block) > device_smem && rows_per_block > Layout::kRowsPerIter)
     rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
-  if (smem_for(rows_per_block) > smem_limit)
+  if (smem_for(rows_per_block) > device_smem)
     throw std::invalid_argument("replayssm: mamba2_replay_step needs more shared memory than the device has for this "
                                 "dstate and ring_len");
+  const int smem_bytes = smem_for(rows_per_block);
+  if (smem_bytes > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+               "mamba2_replay_step shared memory");
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
+  const int64_t items = int64_t(p.batch) * p.ngroups * chunks;
+  // As many blocks as fit on the device at once, each with the same number of items (+-1).
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes), "occupancy");
+  if (tune_knob("replay_per_sm") > 0) per_sm = tune_knob("replay_per_sm");
+  const int64_t max_grid = int64_t(std::max(per_sm, 1)) * num_sms();
+  const int64_t items_per_block = (items + max_grid - 1) / max_grid;
+  int64_t grid = (items + items_per_block - 1) / items_per_block;
+  if (tune_knob("replay_grid") > 0) grid = std::min<int64_t>(items, tune_knob("replay_grid"));  // tests: many items per block
   // 16-byte copies of the row tiles when every plane is contiguous over (head, p) and 16-byte aligned.
   constexpr int kV = 16 / sizeof(act_t);
   const bool io_vec = p.headdim % kV == 0 && rows_per_block % kV == 0 && kN % kV == 0 && aligned16(p.x) && aligned16(c.ring_x) &&
@@ -503,20 +592,13 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
                       c.ring_x_head_stride == p.headdim && c.ring_x_slot_stride % kV == 0 && c.ring_x_pos_stride % kV == 0 &&
                       c.ring_B_slot_stride % kV == 0 && c.ring_B_pos_stride % kV == 0 && c.ring_B_group_stride % kV == 0 &&
                       (!p.z || (aligned16(p.z) && p.z_head_stride == p.headdim && p.z_batch_stride % kV == 0));
-  // Fetch the whole ring with the cursor when the grid is within one wave (latency-bound).
-  const int64_t blocks = int64_t(chunks) * groups_total;
+  // Fetch the whole ring with the cursor when each block has one item (latency-bound: small batch).
   const int forced_prefetch = tune_knob("replay_prefetch");
-  const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * 3;
-  const size_t smem_bytes = smem_for(rows_per_block);
-  auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kStages>;
-  if (smem_bytes > 48 * 1024)
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
-               "mamba2_replay_step shared memory");
-  const dim3 grid(chunks, p.ngroups, p.batch);
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring);
+  const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : grid == items;
+  kernel<<<static_cast<unsigned>(grid), kThreads, smem_bytes, stream>>>(p, rows_per_block, chunks, heads_for(rows_per_block), io_vec,
+                                                                       prefetch_ring);
   check_cuda(cudaGetLastError(), "mamba2_replay_step kernel launch");
 }
-
 template <DType kCkpt>
 void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
   using ckpt_t = typename CudaType<kCkpt>::type;
