@@ -121,11 +121,11 @@ def test_shapes_that_are_not_tile_multiples(device, shape):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("tune", ["replay_rows=32,replay_grid=5", "replay_rows=64,replay_grid=3,replay_prefetch=1",
-                                  "replay_prefetch=1", "replay_prefetch=0"])
+@pytest.mark.parametrize("tune", ["replay_rows=32", "replay_rows=64,replay_prefetch=1", "replay_prefetch=1",
+                                  "replay_prefetch=0"])
 def test_cuda_replay_launch_configurations(monkeypatch, tune):
-    """The persistent replay kernel with many work items per block (rows of several slots, pad rows, mixed
-    cursors and folds in one block's sequence) and with or without the ring fetched before the cursor."""
+    """The replay kernel's launch configurations: many blocks per slot (each counting in on the arrival counter),
+    pad rows, mixed cursors and folds, with and without the ring fetched before the cursor."""
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     L = 8
     res = run_sequence("cuda", H=8, P=64, N=128, G=2, L=L, batch=6, num_slots=9, T=2 * L + 3, act_dtype=torch.bfloat16,
