@@ -69,13 +69,15 @@ def environment() -> dict:
         env["triton"] = triton.__version__
     except ImportError:
         pass
-    try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       cwd=os.path.dirname(__file__)).stdout.strip()
-    except OSError:
-        pass
-    # The GPU machine gets the working tree without .git: scripts/gpu_job.sh passes the commit along.
-    env["commit"] = env.get("commit") or os.environ.get("REPLAYSSM_COMMIT", "")
+    # The commit measured: REPLAYSSM_COMMIT when set (scripts/gpu_job.sh sets it from a .commit file carried
+    # with the tree: the GPU machine's copy of .git may be stale, seen 2026-11-29), else git's HEAD.
+    env["commit"] = os.environ.get("REPLAYSSM_COMMIT", "")
+    if not env["commit"]:
+        try:
+            env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                           cwd=os.path.dirname(__file__)).stdout.strip()
+        except OSError:
+            pass
     return env
 
 

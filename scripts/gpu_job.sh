@@ -13,8 +13,8 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 # thrown through torch's dispatcher (seen 2026-11-29: every validation error segfaulted); the system
 # compiler's objects raise them properly. nvcc takes its host compiler from CC too.
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
-# The machine gets the tree without .git: the commit comes from REPLAYSSM_COMMIT or a .commit file
-# (`git rev-parse --short HEAD > .commit`, carried with the call) so that results name what was measured.
+# The commit measured comes from REPLAYSSM_COMMIT or a .commit file (`git rev-parse --short HEAD > .commit`,
+# carried with the call): the machine's copy of .git may be stale (seen 2026-11-29), so it comes last.
 export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || true)}
 status=0
 run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures
