@@ -123,7 +123,7 @@ def mamba2_replay_verify(
     dt_limit: Tuple[float, float] = DT_LIMIT_NONE,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Speculative verification (CPU now; the CUDA kernel is a later issue). For each row, T tentative tokens
+    """Speculative verification (CPU and CUDA). For each row, T tentative tokens
     x (b, T, H, P), dt (b, T, H), B and C (b, T, G, N), z (b, T, H, P) get the outputs the sequential
     recurrence would give them after the slot's committed tokens, computed from the checkpoint and the ring:
     no intermediate state is formed. ``num_tokens`` (b,) int32 in 1..T gives rows fewer tokens (the rest of
@@ -140,7 +140,7 @@ def mamba2_replay_verify(
         out = torch.empty_like(x)
     torch.ops.replayssm.mamba2_replay_verify(
         cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, x, dt, A, B, C, D, z, dt_bias,
-        dt_softplus, float(dt_limit[0]), float(dt_limit[1]), slot_ids, num_tokens, out, cache.pending,
+        dt_softplus, float(dt_limit[0]), float(dt_limit[1]), slot_ids, num_tokens, out, cache.pending, cache.arrivals,
     )
     return out
 
@@ -251,7 +251,8 @@ def _mamba2_replay_state_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, A, sl
 
 @torch.library.register_fake("replayssm::mamba2_replay_verify")
 def _mamba2_replay_verify_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                               dt_min, dt_max, slot_ids, num_tokens, out, pending=None):
+                               dt_min, dt_max, slot_ids, num_tokens, out, pending=None,
+                               arrivals=None):
     return None
 
 

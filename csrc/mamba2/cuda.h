@@ -10,5 +10,6 @@ namespace replayssm {
 void mamba2_step_cuda(const Mamba2StepParams& p, cudaStream_t stream);
 void mamba2_replay_step_cuda(const Mamba2ReplayStepParams& p, cudaStream_t stream);
 void mamba2_replay_state_cuda(const Mamba2ReplayStateParams& p, cudaStream_t stream);
+void mamba2_replay_verify_cuda(const Mamba2ReplayVerifyParams& p, cudaStream_t stream);
 
 }  // namespace replayssm

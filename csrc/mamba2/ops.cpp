@@ -310,7 +310,8 @@ void mamba2_replay_state(const Tensor& checkpoint, const Tensor& ring_x, const T
 void mamba2_replay_verify(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor ring_dt, Tensor cursor, const Tensor& x,
                           const Tensor& dt, const Tensor& A, const Tensor& B, const Tensor& C, const OptTensor& D,
                           const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus, double dt_min, double dt_max,
-                          const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out, const OptTensor& pending) {
+                          const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out, const OptTensor& pending,
+                          const OptTensor& arrivals) {
   TORCH_CHECK_VALUE(x.dim() == 4, "replayssm: x must have shape (batch, T, nheads, headdim), got ", shape_str(x.sizes()));
   TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, headdim, dstate), got ",
                     shape_str(checkpoint.sizes()));
@@ -327,8 +328,9 @@ void mamba2_replay_verify(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tenso
   const OptTensor z0 = z.has_value() ? OptTensor(z->select(1, 0)) : std::nullopt;
   fill_token_params(p, x.select(1, 0), dt.select(1, 0), A, B.select(1, 0), C.select(1, 0), D, z0, dt_bias, dt_softplus,
                     dt_min, dt_max, slot_ids, out.select(1, 0), checkpoint.size(0));
-  p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, nullptr, p.nheads, p.headdim, p.ngroups, p.dstate,
-                              x.scalar_type(), x.device(), /*cursor_may_be_full=*/true);
+  TORCH_CHECK_VALUE(!x.is_cuda() || arrivals.has_value(), "replayssm: mamba2_replay_verify on CUDA needs the cache's arrivals");
+  p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, arrivals ? &*arrivals : nullptr, p.nheads, p.headdim,
+                              p.ngroups, p.dstate, x.scalar_type(), x.device(), /*cursor_may_be_full=*/true);
   TORCH_CHECK_VALUE(T <= p.cache.ring_len, "replayssm: a window of T = ", T, " tokens does not fit a ring of ",
                     p.cache.ring_len, " (ring_len = history + window)");
   p.cache.pending = pending_ptr(pending, cursor);
@@ -350,7 +352,7 @@ void mamba2_replay_verify(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tenso
     p.num_tokens = num_tokens->data_ptr<int>();
   }
   if (p.batch == 0) return;
-  mamba2_replay_verify_cpu(p);  // CUDA: a later kernel (the op has no CUDA registration yet)
+  RSSM_RUN(x.device(), p, mamba2_replay_verify);
 }
 
 // Device-side and graph-safe: plain tensor ops, no sync. Pad rows add 0 (to slot 0).
@@ -419,6 +421,7 @@ TORCH_LIBRARY_IMPL(replayssm, CUDA, m) {
   m.impl("mamba2_step", &mamba2_step);
   m.impl("mamba2_replay_step", &mamba2_replay_step);
   m.impl("mamba2_replay_state", &mamba2_replay_state);
+  m.impl("mamba2_replay_verify", &mamba2_replay_verify);
   m.impl("mamba2_replay_commit", &mamba2_replay_commit);
 }
 #endif
