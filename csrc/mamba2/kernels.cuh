@@ -574,7 +574,8 @@ void mamba2_replay_state_cuda_for_ckpt(const Mamba2ReplayStateParams& p, cudaStr
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     const dim3 grid(p.nheads, p.batch);
     mamba2_replay_state_kernel<typename CudaType<kCkpt>::type, typename CudaType<kAct>::type>
-        <<<grid, 256, p.cache.ring_len * sizeof(float), stream>>>(p);
+        <<<grid, 256, (p.cache.ring_len + 4) / 4 * 4 * sizeof(float) + 16, stream>>>(p);  // padded: the compiler's
+    // vector reads of wdt may run past the last weight (compute-sanitizer, cursor == ring_len)
     check_cuda(cudaGetLastError(), "mamba2_replay_state kernel launch");
   });
 }
