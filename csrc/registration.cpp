@@ -13,7 +13,8 @@ TORCH_LIBRARY(replayssm, m) {
   // Standard decode step: reads and writes state[slot_ids[b]] in place, writes out.
   m.def(
       "mamba2_step(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
-      "Tensor? dt_bias, bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor(b!) out) -> ()");
+      "Tensor? dt_bias, bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor(b!) out, "
+      "Tensor? dst_slot_ids=None) -> ()");
   // Replay decode step: output from checkpoint + ring; appends to the ring, or folds when it is full.
   m.def(
       "mamba2_replay_step(Tensor(a!) checkpoint, Tensor(b!) ring_x, Tensor(c!) ring_B, Tensor(d!) ring_dt, "

@@ -36,8 +36,13 @@ def mamba2_step(
     dt_softplus: bool = False,
     dt_limit: Tuple[float, float] = DT_LIMIT_NONE,
     out: Optional[torch.Tensor] = None,
+    dst_slot_ids: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Standard Mamba-2 decode step; reads and writes ``state[slot_ids[b]]`` in place.
+
+    With ``dst_slot_ids`` (b,) (the dtype of slot_ids; padding exactly where slot_ids is) the new state is
+    written to ``state[dst_slot_ids[b]]`` and the source slot is left as it was: one state per draft
+    position, as engines keep them for speculative decoding. A destination must not be another row's source.
 
     state (s, H, P, N) fp32/bf16/fp16; x (b, H, P); dt (b, H) raw; A (H,) = -exp(A_log); B, C (b, G, N);
     D (H,); z (b, H, P) gate; dt_bias (H,); slot_ids (b,) int32/int64. Returns out (b, H, P).
@@ -46,7 +51,8 @@ def mamba2_step(
     if out is None:
         out = torch.empty_like(x)
     torch.ops.replayssm.mamba2_step(
-        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, float(dt_limit[0]), float(dt_limit[1]), slot_ids, out
+        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, float(dt_limit[0]), float(dt_limit[1]), slot_ids, out,
+        dst_slot_ids,
     )
     return out
 
@@ -229,7 +235,8 @@ def stochastic_round(x: torch.Tensor, seed: int, fold: int, dtype: torch.dtype =
 # Fake kernels: the ops only mutate their (a!) arguments and return nothing, so shape propagation has
 # nothing to compute. They let torch.compile trace the ops without running them.
 @torch.library.register_fake("replayssm::mamba2_step")
-def _mamba2_step_fake(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, slot_ids, out):
+def _mamba2_step_fake(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, slot_ids, out,
+                      dst_slot_ids=None):
     return None
 
 

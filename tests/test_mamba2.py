@@ -432,3 +432,31 @@ def test_state_at_committed_positions(device):
     if device == "cpu":  # on the GPU the same check is a device-side assert
         with pytest.raises(ValueError, match="not a committed position"):
             replayssm.mamba2_replay_state(cache, layer.A, ids, positions=torch.tensor([4, 0], dtype=torch.int32))
+
+
+def test_step_into_another_slot(device):
+    """dst_slot_ids: the new state goes to the destination slot and the source is left as it was; outputs and
+    the new state equal the in-place step's, bit for bit; every other slot is untouched."""
+    gen = make_gen()
+    H, P, N, G = 4, 16, 32, 2
+    layer = Layer(H, P, G, N, device, gen)
+    pool = (torch.randn(7, H, P, N, generator=gen) * 0.5).to(device)
+    tok = layer.token(3, torch.float32, gen)
+    src = torch.tensor([4, PAD_SLOT, 1], dtype=torch.int32, device=device)
+    dst = torch.tensor([6, PAD_SLOT, 2], dtype=torch.int32, device=device)
+    inplace = pool.clone()
+    out_in = replayssm.mamba2_step(inplace, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"], slot_ids=src,
+                                   **layer.kwargs())
+    moved = pool.clone()
+    out_mv = replayssm.mamba2_step(moved, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"], slot_ids=src,
+                                   dst_slot_ids=dst, **layer.kwargs())
+    assert torch.equal(out_mv[[0, 2]], out_in[[0, 2]])
+    assert torch.equal(moved[[6, 2]], inplace[[4, 1]])
+    assert torch.equal(moved[[0, 1, 3, 4, 5]], pool[[0, 1, 3, 4, 5]])
+    if device == "cpu":
+        with pytest.raises(ValueError, match="another row reads"):
+            replayssm.mamba2_step(moved, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], slot_ids=src,
+                                  dst_slot_ids=torch.tensor([1, PAD_SLOT, 5], dtype=torch.int32), **layer.kwargs())
+        with pytest.raises(ValueError, match="padding exactly"):
+            replayssm.mamba2_step(moved, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], slot_ids=src,
+                                  dst_slot_ids=torch.tensor([6, 3, 5], dtype=torch.int32), **layer.kwargs())

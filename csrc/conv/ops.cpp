@@ -2,7 +2,7 @@
 // speculative tokens that roll back (MATH.md, "The short convolution"). The conv state of a slot is its last
 // W - 1 inputs, (dim, W - 1), oldest first. Verify computes the outputs of T tentative inputs from the state
 // and keeps the inputs in a per-slot window without touching the state; commit derives the state after the
-// first n of them. CPU implementation (the CUDA kernels come with the verify kernel of issue 3).
+// first n of them. CPU loops here; CUDA kernels in kernels.cu (a thread per (row, channel)).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -13,6 +13,12 @@
 
 #include "../common/checks.h"
 #include "../common/math.h"
+#include "params.h"
+
+#ifdef RSSM_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace replayssm {
 namespace {
@@ -35,6 +41,27 @@ void check_conv_args(const Tensor& conv_state, const Tensor& conv_window, const 
   check_shape(slot_ids, "slot_ids", {-1});
   check_slot_ids(slot_ids, slots);
 }
+
+ConvParams conv_params(const Tensor& conv_state, const Tensor& conv_window, const Tensor& slot_ids) {
+  ConvParams p;
+  p.batch = static_cast<int>(slot_ids.size(0));
+  p.dim = static_cast<int>(conv_state.size(1));
+  p.width = static_cast<int>(conv_state.size(2)) + 1;
+  p.tmax = static_cast<int>(conv_window.size(1));
+  p.num_slots = conv_state.size(0);
+  p.dtype = float_dtype(conv_state, "conv_state");
+  p.conv_state = conv_state.data_ptr();
+  p.conv_window = conv_window.data_ptr();
+  p.slot_ids = slot_ids.data_ptr();
+  p.slot_ids_int64 = slot_ids.scalar_type() == at::kLong;
+  return p;
+}
+
+#ifdef RSSM_WITH_CUDA
+void* current_stream(const Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+#endif
 
 template <typename T>
 void conv_verify_cpu(const Tensor& conv_state, Tensor& conv_window, const Tensor& x, const Tensor& weight,
@@ -87,6 +114,23 @@ void causal_conv1d_verify(const Tensor& conv_state, Tensor conv_window, const Te
     TORCH_CHECK_VALUE(t->is_contiguous(), "replayssm: ", name, " must be contiguous");
   }
   TORCH_CHECK_VALUE(weight.is_contiguous() && (!bias || bias->is_contiguous()), "replayssm: weight and bias must be contiguous");
+  check_device(weight, "weight", conv_state.device());
+  if (bias) check_device(*bias, "bias", conv_state.device());
+  if (slot_ids.size(0) == 0) return;
+#ifdef RSSM_WITH_CUDA
+  if (conv_state.is_cuda()) {
+    ConvParams p = conv_params(conv_state, conv_window, slot_ids);
+    p.ntokens = static_cast<int>(x.size(1));
+    p.x = x.data_ptr();
+    p.weight = weight.data_ptr<float>();
+    p.bias = bias ? bias->data_ptr<float>() : nullptr;
+    p.silu = silu_act;
+    p.out = out.data_ptr();
+    const c10::cuda::CUDAGuard guard(conv_state.device());
+    causal_conv1d_verify_cuda(p, current_stream(conv_state));
+    return;
+  }
+#endif
   RSSM_SWITCH_DTYPE(float_dtype(conv_state, "conv_state"), kD, [&] {
     using T = std::conditional_t<kD == DType::kFloat32, float, std::conditional_t<kD == DType::kBFloat16, c10::BFloat16, c10::Half>>;
     conv_verify_cpu<T>(conv_state, conv_window, x, weight, bias, silu_act, slot_ids, out);
@@ -98,6 +142,18 @@ void causal_conv1d_commit(Tensor conv_state, const Tensor& conv_window, const Te
   check_conv_args(conv_state, conv_window, slot_ids);
   check_shape(accepted, "accepted", {slot_ids.size(0)});
   check_dtype(accepted, "accepted", at::kInt);
+  check_device(accepted, "accepted", conv_state.device());
+  TORCH_CHECK_VALUE(accepted.is_contiguous(), "replayssm: accepted must be contiguous");
+  if (slot_ids.size(0) == 0) return;
+#ifdef RSSM_WITH_CUDA
+  if (conv_state.is_cuda()) {  // device-side, no sync; accepted counts are checked on the device
+    ConvParams p = conv_params(conv_state, conv_window, slot_ids);
+    p.accepted = accepted.data_ptr<int>();
+    const c10::cuda::CUDAGuard guard(conv_state.device());
+    causal_conv1d_commit_cuda(p, current_stream(conv_state));
+    return;
+  }
+#endif
   const int64_t dim = conv_state.size(1), hist = conv_state.size(2), tmax = conv_window.size(1);
   for (int64_t b = 0; b < slot_ids.size(0); ++b) {
     const int64_t s = slot_ids[b].item<int64_t>(), n = accepted[b].item<int64_t>();
@@ -115,5 +171,12 @@ TORCH_LIBRARY_IMPL(replayssm, CPU, m) {
   m.impl("causal_conv1d_verify", &causal_conv1d_verify);
   m.impl("causal_conv1d_commit", &causal_conv1d_commit);
 }
+
+#ifdef RSSM_WITH_CUDA
+TORCH_LIBRARY_IMPL(replayssm, CUDA, m) {
+  m.impl("causal_conv1d_verify", &causal_conv1d_verify);
+  m.impl("causal_conv1d_commit", &causal_conv1d_commit);
+}
+#endif
 
 }  // namespace replayssm

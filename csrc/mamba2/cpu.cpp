@@ -33,6 +33,7 @@ void step_cpu(const Mamba2StepParams& p) {
     for (int b = static_cast<int>(b0); b < b1; ++b) {
       const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
       if (slot == kPadSlot) continue;
+      const int64_t dst = p.dst_slot_ids ? slot_at(p.dst_slot_ids, p.slot_ids_int64, b) : slot;
       for (int h = 0; h < p.nheads; ++h) {
         const int g = h / heads_per_group;
         const float dt = head_dt(p, b, h, ld<act_t>(p.dt, b * p.dt_batch_stride + h * p.dt_head_stride));
@@ -42,10 +43,11 @@ void step_cpu(const Mamba2StepParams& p) {
         for (int i = 0; i < p.headdim; ++i) {
           const float x = ld<act_t>(p.x, b * p.x_batch_stride + h * p.x_head_stride + i);
           const int64_t row = slot * p.state_slot_stride + h * p.state_head_stride + i * p.state_row_stride;
+          const int64_t row_out = row + (dst - slot) * p.state_slot_stride;
           float y = 0.f;
           for (int n = 0; n < p.dstate; ++n) {
             const float s = decay * ld<state_t>(p.state, row + n) + dt * x * ld<act_t>(p.B, Bo + n);
-            st<state_t>(p.state, row + n, s);
+            st<state_t>(p.state, row_out + n, s);
             y += s * ld<act_t>(p.C, Co + n);
           }
           write_output<act_t>(p, b, h, i, y, x);

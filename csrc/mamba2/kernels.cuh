@@ -48,6 +48,9 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   const int row_begin = blockIdx.x * rows_per_block;
   const int row_end = min(p.headdim, row_begin + rows_per_block);
   state_t* S = static_cast<state_t*>(p.state) + slot * p.state_slot_stride + h * p.state_head_stride;
+  const int64_t dst = p.dst_slot_ids ? slot_at(p.dst_slot_ids, p.slot_ids_int64, b) : slot;
+  RSSM_DEVICE_CHECK(dst >= 0 && dst < p.num_slots, "mamba2_step: dst_slot_ids[%d] = %lld is out of range", b, (long long)dst);
+  state_t* S_out = S + (dst - slot) * p.state_slot_stride;  // the new state's row (S itself in place)
   const act_t* x = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + h * p.x_head_stride;
   auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
   float s[kUnroll][Layout::kColsPerLane];
@@ -100,7 +103,7 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
         }
 #pragma unroll
         for (int v = 0; v < Layout::kVecsPerLane; ++v)
-          store16_stream(S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0),
+          store16_stream(S_out + r * p.state_row_stride + Layout::col(lane_in_row, v, 0),
                          *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
       }
       y = group_sum<Layout::kLanesPerRow>(y);

@@ -201,7 +201,7 @@ void run(const at::Device& device, const Params& p, void (*cpu)(const Params&), 
 
 void mamba2_step(Tensor state, const Tensor& x, const Tensor& dt, const Tensor& A, const Tensor& B, const Tensor& C,
                  const OptTensor& D, const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus, double dt_min,
-                 double dt_max, const Tensor& slot_ids, Tensor out) {
+                 double dt_max, const Tensor& slot_ids, Tensor out, const OptTensor& dst_slot_ids) {
   Mamba2StepParams p;
   TORCH_CHECK_VALUE(state.dim() == 4, "replayssm: state must have shape (num_slots, nheads, headdim, dstate), got ",
                     shape_str(state.sizes()));
@@ -212,6 +212,20 @@ void mamba2_step(Tensor state, const Tensor& x, const Tensor& dt, const Tensor& 
   p.state_slot_stride = state.stride(0);
   p.state_head_stride = state.stride(1);
   p.state_row_stride = state.stride(2);
+  if (dst_slot_ids) {
+    check_shape(*dst_slot_ids, "dst_slot_ids", {slot_ids.size(0)});
+    check_device(*dst_slot_ids, "dst_slot_ids", x.device());
+    check_dtype(*dst_slot_ids, "dst_slot_ids", slot_ids.scalar_type());
+    check_slot_ids(*dst_slot_ids, state.size(0));
+    if (!x.is_cuda()) {  // pad rows alike; no row writes a slot that another row reads in the same call
+      const Tensor src = slot_ids.to(at::kLong), dst = dst_slot_ids->to(at::kLong);
+      TORCH_CHECK_VALUE(src.eq(kPadSlot).equal(dst.eq(kPadSlot)), "replayssm: dst_slot_ids must be padding exactly where slot_ids is");
+      const Tensor clash = dst.unsqueeze(1).eq(src.unsqueeze(0)).logical_and(dst.ne(kPadSlot).unsqueeze(1));
+      TORCH_CHECK_VALUE(!clash.logical_and(at::eye(src.size(0), clash.options()).logical_not()).any().item<bool>(),
+                        "replayssm: dst_slot_ids must not name a slot that another row reads (slot_ids)");
+    }
+    p.dst_slot_ids = dst_slot_ids->data_ptr();
+  }
   if (p.batch == 0) return;
   RSSM_RUN(x.device(), p, mamba2_step);
 }

@@ -43,6 +43,9 @@ struct Mamba2StepParams : Mamba2TokenParams {
   DType state_dtype = DType::kFloat32;
   void* state = nullptr;  // (num_slots, nheads, headdim, dstate)
   int64_t state_slot_stride = 0, state_head_stride = 0, state_row_stride = 0;
+  // (batch,) same dtype as slot_ids, or null: the new state goes to state[dst_slot_ids[b]] instead of back to
+  // state[slot_ids[b]] (one state per draft position: the per-position baseline of speculative decoding).
+  const void* dst_slot_ids = nullptr;
 };
 
 // The replay cache of one layer (replayssm/cache.py allocates it).

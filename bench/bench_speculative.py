@@ -1,0 +1,180 @@
+"""Speculative verification microbenchmark (issue 3): replayssm's mamba2_replay_verify + mamba2_replay_commit
+against what engines do today, on the Nemotron-H 8B Mamba-2 layer, FP32 checkpoint/state, bf16 activations.
+
+Baseline ("per-position states"): the standard step run over the window's T tokens, each writing its own
+state (mamba2_step with dst_slot_ids: read state k-1, write state k), and rejection handled the cheapest way
+an engine can: no copy, the row's current state becomes the slot of its last accepted token (each row owns
+T + 1 slots used as a ring; the index arithmetic runs on the device, inside the graph).
+Replay: verify T tokens from the checkpoint and the ring (early fold when the window would not fit), then
+commit the accepted count (a cursor move).
+
+Accepted counts: 1 + the number of leading draft tokens accepted, each with probability `rate` (the first token
+of a window is always kept: it is the target model's own). Each measurement is one CUDA graph of `steps`
+verify+commit steps over enough independent layers that nothing is served from L2, with fresh inputs and
+accepted counts for every (step, layer). Reported per step and layer: µs, analytic bytes (from the cursors the
+run goes through), the floor, and the ratios the issue asks for (speedup over the baseline, and verify+commit
+over one replay step at the same batch, measured in the same run).
+
+    python bench/bench_speculative.py [--batches 32 128 256] [--T 2 4 8] [--rates 0.25 0.5 0.75 1.0]
+                                      [--ring-len 32] [--out bench/results/mamba2_speculative.json]
+    python bench/bench_speculative.py --smoke    # tiny shapes, eager, CPU or GPU: checks the code paths only
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import replayssm  # noqa: E402
+from replayssm import Mamba2ReplayCache  # noqa: E402
+
+ACT = torch.bfloat16
+
+
+def accepted_counts(batch, T, rate, gen, device):
+    """(batch,) int32 in [1, T]: 1 + leading successes among the T - 1 draft tokens."""
+    ok = (torch.rand(batch, T - 1, generator=gen, device=gen.device) < rate).cpu()
+    lead = torch.cumprod(ok.int(), dim=1).sum(dim=1) if T > 1 else torch.zeros(batch, dtype=torch.int64)
+    return (1 + lead).to(torch.int32).to(device)
+
+
+def window(batch, T, shape, gen, device):
+    H, P, N, G = shape
+
+    def rnd(*s, scale=1.0):
+        return (torch.randn(*s, generator=gen, device=device) * scale).to(ACT)
+    return dict(x=rnd(batch, T, H, P), dt=rnd(batch, T, H, scale=0.5), B=rnd(batch, T, G, N), C=rnd(batch, T, G, N),
+                z=rnd(batch, T, H, P), out=torch.empty(batch, T, H, P, dtype=ACT, device=device))
+
+
+class Layer:
+    def __init__(self, batch, T, L, shape, gen, device):
+        H, P, N, G = shape
+        self.A = -torch.exp(torch.rand(H, generator=gen, device=device) * math.log(16.0))
+        self.kw = dict(D=torch.randn(H, generator=gen, device=device),
+                       dt_bias=torch.rand(H, generator=gen, device=device) - 4.0, dt_softplus=True)
+        self.slots = torch.arange(batch, dtype=torch.int32, device=device)
+        self.cache = Mamba2ReplayCache.allocate(batch, H, P, G, N, ring_len=L, act_dtype=ACT, device=device)
+        self.cache.checkpoint.copy_(torch.randn(self.cache.checkpoint.shape, generator=gen, device=device) * 0.1)
+        # Baseline: row r owns slots r * (T + 1) + (0..T); `head` is the ring index of its current state.
+        self.pool = torch.randn(batch * (T + 1), H, P, N, generator=gen, device=device) * 0.1
+        self.row_base = torch.arange(batch, device=device, dtype=torch.int32) * (T + 1)
+        self.head = torch.zeros(batch, dtype=torch.int32, device=device)
+
+
+def verify_step(layer, tok, acc, T):
+    replayssm.mamba2_replay_verify(layer.cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"],
+                                   slot_ids=layer.slots, out=tok["out"], **layer.kw)
+    replayssm.mamba2_replay_commit(layer.cache, layer.slots, acc)
+
+
+def baseline_step(layer, tok, acc, T):
+    for k in range(T):
+        src = layer.row_base + (layer.head + k) % (T + 1)
+        dst = layer.row_base + (layer.head + k + 1) % (T + 1)
+        t = {name: v[:, k] for name, v in tok.items()}
+        replayssm.mamba2_step(layer.pool, t["x"], t["dt"], layer.A, t["B"], t["C"], z=t["z"], slot_ids=src,
+                              dst_slot_ids=dst, out=t["out"], **layer.kw)
+    layer.head.copy_((layer.head + acc) % (T + 1))  # the row's state is now its last accepted token's
+
+
+def analytic_bytes(batch, T, L, accs, shape, passes=4, act_bytes=2, state_bytes=4):
+    """Average bytes per step: verify+commit (following the cursors through `passes` replays of the step
+    sequence, from empty rings, and averaging the last: the steady state the timing sees) and the baseline."""
+    H, P, N, G = shape
+    state = H * P * N * state_bytes
+    ring_token = H * P * act_bytes + G * N * act_bytes + H * 4
+    io_token = 3 * H * P * act_bytes + H * act_bytes + 2 * G * N * act_bytes  # x, z, out; dt; B, C
+    cur = torch.zeros(batch, dtype=torch.int64)
+    for _ in range(passes):
+        verify = 0.0
+        for acc in accs:
+            fold = cur + T > L
+            verify += batch * (state + T * io_token + T * ring_token) + float(cur.sum()) * ring_token
+            verify += float(fold.sum()) * state
+            cur = torch.where(fold, torch.zeros_like(cur), cur) + acc.cpu().long()
+    baseline = batch * T * (2 * state + io_token)
+    return {"verify": verify / len(accs), "baseline": baseline}
+
+
+def bench(batch, T, rate, L, steps, shape, gen, smoke=False) -> dict:
+    device = "cpu" if smoke else "cuda"
+    H, P, N, G = shape
+    state_layer = batch * H * P * N * 4
+    n_layers = 1 if smoke else max(2, math.ceil(4 * common.l2_bytes() / state_layer))
+    layers = [Layer(batch, T, L, shape, gen, device) for _ in range(n_layers)]
+    toks = [[window(batch, T, shape, gen, device) for _ in layers] for _ in range(steps)]
+    accs = [[accepted_counts(batch, T, rate, gen, device) for _ in layers] for _ in range(steps)]
+    nbytes = analytic_bytes(batch, T, L, [a[0] for a in accs], shape)
+
+    def run(fn):
+        def cycle():
+            for step_toks, step_accs in zip(toks, accs):
+                for layer, tok, acc in zip(layers, step_toks, step_accs):
+                    fn(layer, tok, acc, T)
+        return cycle
+
+    if smoke:
+        run(verify_step)()
+        run(baseline_step)()
+        return {"batch": batch, "T": T, "rate": rate, "bytes": nbytes}
+    r = {"batch": batch, "T": T, "rate": rate, "ring_len": L, "steps": steps, "layers_rotated": n_layers, "bytes": nbytes}
+    # Both timings run `steps` steps per replay; cursors and heads go on from where they were (the steady state).
+    r["verify_us"] = common.time_graph(run(verify_step)) / (steps * n_layers)
+    r["baseline_us"] = common.time_graph(run(baseline_step)) / (steps * n_layers)
+    r["speedup"] = r["baseline_us"] / r["verify_us"]
+    return r
+
+
+def replay_step_us(batch, L, shape, gen) -> float:
+    """One mamba2_replay_step at this batch (µs per step and layer), timed as in bench_mamba2.py."""
+    import bench_mamba2 as bm
+    return bm.bench_batch(batch, L, None, gen)["replay_us"]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, nargs="+", default=[32, 128, 256])
+    parser.add_argument("--T", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.25, 0.5, 0.75, 1.0])
+    parser.add_argument("--ring-len", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "mamba2_speculative.json"))
+    args = parser.parse_args()
+    if args.smoke:
+        gen = torch.Generator().manual_seed(0)
+        for T in (2, 4):
+            print(bench(3, T, 0.5, 8, 5, (4, 16, 32, 2), gen, smoke=True))
+        return
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (128, 64, 128, 8)  # Nemotron-H 8B Mamba-2 layer: H, P, N, G
+    bw = common.measure_bandwidth()
+    rows = []
+    for batch in args.batches:
+        one_step = replay_step_us(batch, 16, shape, gen)
+        for T in args.T:
+            for rate in args.rates:
+                r = bench(batch, T, rate, args.ring_len, args.steps, shape, gen)
+                r["replay_step_us"] = one_step
+                r["verify_over_replay_step"] = r["verify_us"] / one_step
+                r["verify_floor_us"] = r["bytes"]["verify"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
+                r["baseline_floor_us"] = r["bytes"]["baseline"] / (bw["copy_TBps"] * 1e6)
+                rows.append(r)
+                print(r, flush=True)
+    common.write_result(args.out, {"bandwidth": bw, "shape": dict(zip("HPNG", shape)), "state_dtype": "float32",
+                                   "act_dtype": "bfloat16", "rows": rows})
+    print(f"\n{'batch':>5} {'T':>2} {'rate':>5} {'baseline':>9} {'verify':>8} {'floor':>7} {'speedup':>8} {'/replay':>8}")
+    for r in rows:
+        print(f"{r['batch']:>5} {r['T']:>2} {r['rate']:>5.2f} {r['baseline_us']:>9.1f} {r['verify_us']:>8.1f} "
+              f"{r['verify_floor_us']:>7.1f} {r['speedup']:>7.2f}x {r['verify_over_replay_step']:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
