@@ -1,6 +1,6 @@
 """The numerical split (MATH.md): stochastic rounding of a narrow checkpoint at folds (Philox, seeded per slot,
 reproducible, unbiased) and a bf16 view of an FP32 checkpoint that serves outputs without entering history.
-CPU implementations; the CUDA kernels do not take these options yet (they raise a clear error)."""
+The CUDA replay step against the CPU one where a GPU is present."""
 import math
 
 import pytest
@@ -42,7 +42,7 @@ def test_stochastic_round_is_unbiased_and_reproducible(dtype):
 
 def run(cache, layer, steps, gen_seed):
     gen = torch.Generator().manual_seed(gen_seed)
-    ids = torch.tensor([1, 0], dtype=torch.int32)
+    ids = torch.tensor([1, 0], dtype=torch.int32, device=cache.checkpoint.device)
     outs = []
     for _ in range(steps):
         tok = layer.token(2, torch.float32, gen)
@@ -106,3 +106,40 @@ def test_verify_rejects_caches_with_the_numerical_split():
     with pytest.raises(ValueError, match="output view or stochastic rounding"):
         replayssm.mamba2_replay_verify(cache, x, torch.randn(1, 2, 4), -torch.ones(4), torch.randn(1, 2, 2, 32),
                                        torch.randn(1, 2, 2, 32), slot_ids=torch.tensor([0], dtype=torch.int32))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["view", "stochastic"])
+def test_cuda_numerical_split_matches_cpu(mode):
+    """The CUDA replay step with a bf16 view (fp32 master) or with stochastic rounding at folds (bf16 checkpoint)
+    against the CPU one on the same inputs: the same outputs to fp32 accuracy (the view's values are the same
+    roundings of the same states), the master equal to fp32 accuracy and the view its rounding exactly; with
+    stochastic rounding the same roundings for the same seed (all but elements whose fp32 value differs in
+    its last bits between the two implementations' summation orders), reproducible run to run, and the same
+    fold counts."""
+    seed = torch.randint(0, 2**31 - 1, ()).item()
+    H, P, G, N, L, steps = 8, 64, 2, 128, 4, 13
+    kw = dict(output_view=torch.bfloat16) if mode == "view" else dict(checkpoint_dtype=torch.bfloat16,
+                                                                      rounding="stochastic", seed=11)
+    init = torch.randn(2, H, P, N, generator=make_gen())
+    caches, outs = {}, {}
+    for device in ("cpu", "cuda", "cuda"):
+        layer = Layer(H, P, G, N, device, torch.Generator().manual_seed(seed))
+        cache = Mamba2ReplayCache.allocate(2, H, P, G, N, ring_len=L, act_dtype=torch.float32, device=device, **kw)
+        cache.reset(torch.tensor([0, 1], device=device), init.to(device))
+        out = run(cache, layer, steps, seed).cpu()
+        key = device if device not in caches else "cuda again"
+        caches[key], outs[key] = cache, out
+    cpu, gpu, again = caches["cpu"], caches["cuda"], caches["cuda again"]
+    assert torch.equal(outs["cuda"], outs["cuda again"]) and torch.equal(gpu.checkpoint, again.checkpoint)
+    assert gpu.fold_count is None or gpu.fold_count.tolist() == cpu.fold_count.tolist() == [steps // L] * 2
+    if mode == "view":
+        assert rel_err(outs["cuda"], outs["cpu"].double()) < 1e-3  # a view element may round the other way
+        assert rel_err(gpu.checkpoint.cpu(), cpu.checkpoint.double()) < 1e-5
+        assert torch.equal(gpu.view, gpu.checkpoint.to(torch.bfloat16))
+    else:
+        same = gpu.checkpoint.cpu() == cpu.checkpoint
+        assert same.float().mean() > 0.99, same.float().mean()
+        diff = (gpu.checkpoint.cpu().float() - cpu.checkpoint.float()).abs()
+        assert (diff[~same] <= 2.01 * ulp(cpu.checkpoint.float()[~same], torch.bfloat16)).all()

@@ -8,9 +8,11 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "../common/cuda_utils.cuh"
 #include "../common/math.h"
+#include "../common/rounding.h"
 #include "params.h"
 
 namespace replayssm {
@@ -175,9 +177,10 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
 // each block does as soon as all its threads have read the cursor: one launch suffices, with no host sync;
 // graph-capturable.
 template <typename ckpt_t, int kN>
-struct ReplayLanes {  // lanes per row: each holds at most 8 16-byte vectors, and there are at least 4
+struct ReplayLanes {  // lanes per row: at least 4, and enough that each holds at most 32 columns (no spills)
   static constexpr int kVecsPerRow = kN * int(sizeof(ckpt_t)) / 16;
-  static constexpr int value = kVecsPerRow <= 4 ? kVecsPerRow : (kVecsPerRow / 8 > 4 ? kVecsPerRow / 8 : 4);
+  static constexpr int kWant = kN / 32 > 4 ? kN / 32 : 4;
+  static constexpr int value = kVecsPerRow < kWant ? kVecsPerRow : kWant;
 };
 
 // Shared memory of one block (byte offsets, each section 16-byte aligned).
@@ -235,11 +238,16 @@ __device__ __forceinline__ void copy_head_rows(T* dst, int dst_stride, const T* 
   }
 }
 
-template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages>
+// src_t is what the row loop streams: the checkpoint itself (src_t == ckpt_t), or its bf16 output view (the
+// numerical split, MATH.md; an fp32 checkpoint), which then serves every output while the master is read and
+// written only by folds. A fold rounds a narrow checkpoint to nearest, or stochastically with sr_seed.
+template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
                               const bool io_vec, const bool prefetch_ring) {
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayLanes<ckpt_t, kN>::value>;
+  constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
+  static_assert(!kView || std::is_same_v<ckpt_t, float>, "the output view is of an fp32 checkpoint");
+  using Layout = RowLayout<src_t, kN, kThreads, 1, ReplayLanes<src_t, kN>::value>;
   constexpr int kLanes = Layout::kLanesPerRow;
   constexpr int kVecs = Layout::kVecsPerLane;
   constexpr int kCols = Layout::kColsPerLane;
@@ -249,6 +257,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
   const int w = c.cursor[slot];  // in flight while the first loads are issued
+  const uint32_t fold_no = c.fold_count ? uint32_t(c.fold_count[slot]) : 0u;  // read before this block counts in
 
   const int heads_per_group = p.nheads / p.ngroups;
   const int L = c.ring_len;
@@ -264,6 +273,11 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int row0 = row_begin + warp * Layout::kRowsPerWarp + row_in_warp;  // this thread's row in iteration 0
   const ckpt_t* ckpt_group =
       static_cast<const ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(g) * heads_per_group * c.ckpt_head_stride;
+  const int64_t src_head_stride = kView ? c.view_head_stride : c.ckpt_head_stride;
+  const int64_t src_row_stride = kView ? c.view_row_stride : c.ckpt_row_stride;
+  const src_t* src_group = kView ? static_cast<const src_t*>(c.view) + slot * c.view_slot_stride +
+                                       int64_t(g) * heads_per_group * c.view_head_stride
+                                 : reinterpret_cast<const src_t*>(ckpt_group);
   // This thread's row in the k-th iteration, as (row, head in block, p), advanced without divisions.
   struct RowPos {
     int r, hl, i;
@@ -278,6 +292,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   };
   auto ckpt_row = [&](const RowPos& q) { return ckpt_group + (head_begin + q.hl) * c.ckpt_head_stride + q.i * c.ckpt_row_stride; };
+  auto src_row = [&](const RowPos& q) { return src_group + (head_begin + q.hl) * src_head_stride + q.i * src_row_stride; };
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const ReplaySmem off(kStages * kVecs * kThreads * 16, sizeof(act_t), rows_per_block, kN, L, max_heads);
@@ -299,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   RowPos copy_pos = pos0;
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
     if (it < n_iter && copy_pos.r < row_end) {
-      const ckpt_t* src = ckpt_row(copy_pos);
+      const src_t* src = src_row(copy_pos);
 #pragma unroll
       for (int v = 0; v < kVecs; ++v)
         cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
@@ -407,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
-      const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
+      const src_t* elems = reinterpret_cast<const src_t*>(&raw);
 #pragma unroll
       for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = to_float(elems[e]);
     }
@@ -425,7 +440,18 @@ __global__ void __launch_bounds__(kThreads, 3)
       static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hl) * p.out_head_stride + q.i] = from_float<act_t>(y);
     }
     if (fold) {
-      // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
+      // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j, from the master.
+      if constexpr (kView) {  // this lane's columns of the fp32 master row (the view served the output)
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+          for (int e = 0; e < Layout::kVec; e += 4) {
+            const float4 m = valid ? __ldcs(reinterpret_cast<const float4*>(ckpt_row(q) + Layout::col(lane_in_row, v, e)))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+            s[v * Layout::kVec + e] = m.x, s[v * Layout::kVec + e + 1] = m.y, s[v * Layout::kVec + e + 2] = m.z,
+                                 s[v * Layout::kVec + e + 3] = m.w;
+          }
+      }
       const float dcy = decay[hl];
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= dcy;
@@ -446,9 +472,34 @@ __global__ void __launch_bounds__(kThreads, 3)
           s[v * Layout::kVec + e] = fmaf(coef, Bt_s[Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
       if (valid) {
         ckpt_t* row = const_cast<ckpt_t*>(ckpt_row(q));
+        if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
+          src_t* vrow = const_cast<src_t*>(src_row(q));
 #pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-          store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+          for (int v = 0; v < kVecs; ++v) {
+#pragma unroll
+            for (int e = 0; e < Layout::kVec; e += 4)
+              __stcs(reinterpret_cast<float4*>(row + Layout::col(lane_in_row, v, e)),
+                     make_float4(s[v * Layout::kVec + e], s[v * Layout::kVec + e + 1], s[v * Layout::kVec + e + 2],
+                                 s[v * Layout::kVec + e + 3]));
+            store16_stream(vrow + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+          }
+        } else {
+          if (c.sr_seed) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count and the element
+            const uint64_t seed = uint64_t(c.sr_seed[slot]);
+            const int64_t row_index = (int64_t(h0 + hl) * p.headdim + q.i) * kN;
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+              for (int e = 0; e < Layout::kVec; ++e) {
+                const int col = Layout::col(lane_in_row, v, e);
+                s[v * Layout::kVec + e] = stochastic_round_to(c.ckpt_dtype, s[v * Layout::kVec + e],
+                                                              fold_random(seed, fold_no, uint64_t(row_index + col)));
+              }
+          }
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v)
+            store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+        }
       }
     }
   }
@@ -466,17 +517,18 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (threadIdx.x == 0 && arrived == blocks_per_row - 1) {
     atomicSub(&c.arrivals[slot], blocks_per_row);  // zero again for the next launch
     c.cursor[slot] = next_cursor(w, L);
+    if (fold && c.fold_count) c.fold_count[slot] = int(fold_no) + 1;
   }
 }
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-template <typename ckpt_t, typename act_t, int kN>
+template <typename ckpt_t, typename src_t, typename act_t, int kN>
 void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
   // Two stages in flight while a third is read, 128 bytes of a row per thread per stage: with three blocks
   // of 128 threads per SM, ~96 KiB of checkpoint reads outstanding per SM.
   constexpr int kThreads = 128, kStages = 3;
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayLanes<ckpt_t, kN>::value>;
+  using Layout = RowLayout<src_t, kN, kThreads, 1, ReplayLanes<src_t, kN>::value>;
   const Mamba2ReplayCacheParams& c = p.cache;
   // Rows of a group per block: enough blocks for ~4 waves of 3 blocks per SM (prologues overlap other
   // blocks' streaming; the last wave is short), at most 256 rows (measured: 512 rows 5% slower at batch 128,
@@ -518,7 +570,7 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
   const int forced_prefetch = tune_knob("replay_prefetch");
   const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * 3;
   const size_t smem_bytes = smem_for(rows_per_block);
-  auto kernel = mamba2_replay_step_kernel<ckpt_t, act_t, kN, kThreads, kStages>;
+  auto kernel = mamba2_replay_step_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages>;
   if (smem_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");
@@ -531,9 +583,15 @@ template <DType kCkpt>
 void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
   using ckpt_t = typename CudaType<kCkpt>::type;
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
-    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] { launch_mamba2_replay_step<ckpt_t, typename CudaType<kAct>::type, kN>(p, stream); });
+    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
+      using act_t = typename CudaType<kAct>::type;
+      if (p.cache.view == nullptr) return launch_mamba2_replay_step<ckpt_t, ckpt_t, act_t, kN>(p, stream);
+      if constexpr (kCkpt == DType::kFloat32) return launch_mamba2_replay_step<float, __nv_bfloat16, act_t, kN>(p, stream);
+      throw std::invalid_argument("replayssm: on CUDA the output view must be of an fp32 checkpoint");
+    });
   });
 }
+
 // ---------------------------------------------------------------------------------------------------
 // State at the cursor: exp(c_w) S_c + sum_{j<w} exp(c_w - c_j) dt_j x_j (x) B_j, written to out (fp32).
 // Not a hot path (reading a slot back, tests, handing a sequence over): one block per (head, row).

@@ -261,8 +261,10 @@ void fill_split_params(Mamba2ReplayCacheParams& c, const Tensor& checkpoint, con
     TORCH_CHECK_VALUE(fold_count->is_contiguous(), "replayssm: fold_count must be contiguous");
     c.fold_count = fold_count->data_ptr<int>();
   }
-  TORCH_CHECK_VALUE(!checkpoint.is_cuda() || (!view && !sr_seed && !fold_count),
-                    "replayssm: the bf16 output view and stochastic rounding are not in the CUDA kernel yet (CPU only)");
+  if (checkpoint.is_cuda() && view) {
+    TORCH_CHECK_VALUE(c.ckpt_dtype == DType::kFloat32, "replayssm: on CUDA the output view must be of an fp32 checkpoint");
+    check_vector_aligned(*view, "view");
+  }
 }
 
 void mamba2_replay_step(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor ring_dt, Tensor cursor, Tensor arrivals,
