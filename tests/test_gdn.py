@@ -1,6 +1,7 @@
 """Gated DeltaNet: standard step, replay step, verify/commit and state reads against the float64 delta rule
-(../shared/docs/MATH.md, "Gated DeltaNet decode"). The ops have CPU implementations; their CUDA kernels are the
-rest of issue 4, so the CUDA variants skip (reported as skipped) until they exist."""
+(../shared/docs/MATH.md, "Gated DeltaNet decode"). CPU implementations of every op; CUDA kernels of the step,
+the replay step and the state read (verify's CUDA kernel is still to come: its CUDA variant skips, reported
+as skipped)."""
 import math
 
 import pytest

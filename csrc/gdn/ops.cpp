@@ -9,6 +9,13 @@
 #include "../common/math.h"
 #include "cpu.h"
 
+#ifdef RSSM_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda.h"
+#endif
+
 namespace replayssm {
 namespace {
 
@@ -123,8 +130,9 @@ GdnReplayCacheParams fill_gdn_cache(const Tensor& checkpoint, const Tensor& ring
   check_dtype(cursor, "cursor", at::kInt);
   TORCH_CHECK_VALUE(cursor.is_contiguous(), "replayssm: cursor must be contiguous");
   const int64_t max_cursor = cursor_may_be_full ? L : L - 1;
-  TORCH_CHECK_VALUE(!(cursor < 0).logical_or(cursor > max_cursor).any().item<bool>(), "replayssm: every cursor must be in [0, ",
-                    max_cursor, "], ring_len = ", L);
+  if (!cursor.is_cuda())  // on the GPU the kernels check on the device (no sync: graph-safe)
+    TORCH_CHECK_VALUE(!(cursor < 0).logical_or(cursor > max_cursor).any().item<bool>(), "replayssm: every cursor must be in [0, ",
+                      max_cursor, "], ring_len = ", L);
   c.ring_len = static_cast<int>(L);
   c.checkpoint = checkpoint.data_ptr();
   c.ckpt_slot_stride = checkpoint.stride(0);
@@ -159,18 +167,32 @@ void gdn_step(Tensor state, const Tensor& q, const Tensor& k, const Tensor& v, c
   p.state_slot_stride = state.stride(0);
   p.state_head_stride = state.stride(1);
   p.state_row_stride = state.stride(2);
-  if (p.batch) gdn_step_cpu(p);
+  if (!p.batch) return;
+#ifdef RSSM_WITH_CUDA
+  if (q.is_cuda()) {
+    check_vector_aligned(state, "state");
+    TORCH_CHECK_VALUE(p.kdim == 16 || p.kdim == 32 || p.kdim == 64 || p.kdim == 128 || p.kdim == 256, "replayssm: the CUDA GDN kernels take kdim 16, 32, 64, 128 or 256");
+    const c10::cuda::CUDAGuard guard(q.device());
+    return gdn_step_cuda(p, c10::cuda::getCurrentCUDAStream());
+  }
+#endif
+  gdn_step_cpu(p);
 }
 
 void gdn_replay(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, const Tensor& q, const Tensor& k,
                 const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log, const OptTensor& dt_bias, bool l2norm,
                 double scale, const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out, bool verify,
-                const OptTensor& pending = std::nullopt) {
+                const OptTensor& pending = std::nullopt, const Tensor* arrivals = nullptr) {
   GdnReplayParams p;
   TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, vdim, kdim), got ",
                     shape_str(checkpoint.sizes()));
   fill_gdn_token(p, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, out, checkpoint.size(0), verify);
   p.cache = fill_gdn_cache(checkpoint, ring_u, ring_k, ring_g, cursor, p.nheads, p.nkheads, p.kdim, p.vdim, q.device(), verify);
+  if (arrivals) {
+    check_device(*arrivals, "arrivals", q.device());
+    TORCH_CHECK_VALUE(arrivals->is_contiguous(), "replayssm: arrivals must be contiguous");
+    p.cache.arrivals = arrivals->data_ptr<int>();
+  }
   if (verify) {
     p.cache.pending = pending_ptr(pending, cursor);
     TORCH_CHECK_VALUE(p.ntokens <= p.cache.ring_len, "replayssm: a window of T = ", p.ntokens, " tokens does not fit a ring of ",
@@ -186,6 +208,14 @@ void gdn_replay(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, 
     }
   }
   if (!p.batch) return;
+#ifdef RSSM_WITH_CUDA
+  if (q.is_cuda() && !verify) {  // (gdn_replay_verify has no CUDA registration yet)
+    check_vector_aligned(checkpoint, "checkpoint");
+    TORCH_CHECK_VALUE(p.kdim == 16 || p.kdim == 32 || p.kdim == 64 || p.kdim == 128 || p.kdim == 256, "replayssm: the CUDA GDN kernels take kdim 16, 32, 64, 128 or 256");
+    const c10::cuda::CUDAGuard guard(q.device());
+    return gdn_replay_step_cuda(p, c10::cuda::getCurrentCUDAStream());
+  }
+#endif
   if (verify) gdn_replay_verify_cpu(p);
   else gdn_replay_step_cpu(p);
 }
@@ -196,7 +226,7 @@ void gdn_replay_step(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor rin
   check_shape(arrivals, "arrivals", {checkpoint.size(0)});
   check_dtype(arrivals, "arrivals", at::kInt);
   gdn_replay(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, std::nullopt,
-             out, false);
+             out, false, std::nullopt, &arrivals);
 }
 
 void gdn_replay_verify(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, const Tensor& q,
@@ -233,7 +263,14 @@ void gdn_replay_state(const Tensor& checkpoint, const Tensor& ring_u, const Tens
   p.slot_ids_int64 = slot_ids.scalar_type() == at::kLong;
   p.num_slots = checkpoint.size(0);
   p.out = out.data_ptr<float>();
-  if (p.batch) gdn_replay_state_cpu(p);
+  if (!p.batch) return;
+#ifdef RSSM_WITH_CUDA
+  if (checkpoint.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(checkpoint.device());
+    return gdn_replay_state_cuda(p, c10::cuda::getCurrentCUDAStream());
+  }
+#endif
+  gdn_replay_state_cpu(p);
 }
 
 }  // namespace
@@ -244,5 +281,13 @@ TORCH_LIBRARY_IMPL(replayssm, CPU, m) {
   m.impl("gdn_replay_verify", &gdn_replay_verify);
   m.impl("gdn_replay_state", &gdn_replay_state);
 }
+
+#ifdef RSSM_WITH_CUDA
+TORCH_LIBRARY_IMPL(replayssm, CUDA, m) {
+  m.impl("gdn_step", &gdn_step);
+  m.impl("gdn_replay_step", &gdn_replay_step);
+  m.impl("gdn_replay_state", &gdn_replay_state);
+}
+#endif
 
 }  // namespace replayssm
