@@ -212,7 +212,8 @@ def gdn_replay_verify(cache: GdnReplayCache, q, k, v, a, b, A_log, *, slot_ids, 
         out = torch.empty_like(v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     torch.ops.replayssm.gdn_replay_verify(cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor, q, k, v,
-                                          a, b, A_log, dt_bias, l2norm, float(scale), slot_ids, num_tokens, out, cache.pending)
+                                          a, b, A_log, dt_bias, l2norm, float(scale), slot_ids, num_tokens, out, cache.pending,
+                                          cache.arrivals)
     return out
 
 
@@ -291,7 +292,7 @@ def _gdn_replay_step_fake(checkpoint, ring_u, ring_k, ring_g, cursor, arrivals, 
 
 @torch.library.register_fake("replayssm::gdn_replay_verify")
 def _gdn_replay_verify_fake(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale,
-                            slot_ids, num_tokens, out, pending=None):
+                            slot_ids, num_tokens, out, pending=None, arrivals=None):
     return None
 
 

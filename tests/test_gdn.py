@@ -1,7 +1,5 @@
 """Gated DeltaNet: standard step, replay step, verify/commit and state reads against the float64 delta rule
-(../shared/docs/MATH.md, "Gated DeltaNet decode"). CPU implementations of every op; CUDA kernels of the step,
-the replay step and the state read (verify's CUDA kernel is still to come: its CUDA variant skips, reported
-as skipped)."""
+(../shared/docs/MATH.md, "Gated DeltaNet decode"), on the CPU and, where there is a GPU, with the CUDA kernels."""
 import math
 
 import pytest

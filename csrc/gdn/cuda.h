@@ -10,5 +10,6 @@ namespace replayssm {
 void gdn_step_cuda(const GdnStepParams& p, cudaStream_t stream);
 void gdn_replay_step_cuda(const GdnReplayParams& p, cudaStream_t stream);
 void gdn_replay_state_cuda(const GdnReplayStateParams& p, cudaStream_t stream);
+void gdn_replay_verify_cuda(const GdnReplayParams& p, cudaStream_t stream);
 
 }  // namespace replayssm

@@ -13,28 +13,33 @@
 
 namespace replayssm {
 
-// The token of row b for value head hv: qn, kn (normalised; q scaled) of its key head into shared memory;
-// returns g and beta through the references. All threads of the block call it.
+// Sum of squares of one key head's vector (K elements, act_t) by one warp, in a fixed order: every kernel that
+// normalises the same vector gets the same bits (verify writes the ring's k with it, as the step does).
+template <typename act_t, int kK>
+__device__ __forceinline__ float warp_sum_squares(const act_t* x) {
+  float acc = 0.f;
+  for (int n = threadIdx.x & 31; n < kK; n += 32) {
+    const float v = to_float(x[n]);
+    acc = fmaf(v, v, acc);
+  }
+  return group_sum<32>(acc);
+}
+
+// The token t of row b for value head hv: qn, kn (normalised; q scaled) of its key head into shared memory;
+// returns g and beta through the references. All threads of the block call it (two barriers).
 template <typename act_t, int kK, int kThreads>
 __device__ void gdn_prepare_token(const GdnTokenParams& p, int b, int t, int hv, float* qn, float* kn, float* red, float& g,
                                   float& beta) {
   const int h = hv / (p.nheads / p.nkheads);
   const act_t* q = static_cast<const act_t*>(p.q) + b * p.q_batch_stride + t * p.q_token_stride + h * p.q_head_stride;
   const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + h * p.k_head_stride;
-  float qq = 0.f, kk = 0.f;
-  for (int n = threadIdx.x; n < kK; n += kThreads) {
-    const float qv = to_float(q[n]), kv = to_float(k[n]);
-    qn[n] = qv, kn[n] = kv;
-    qq += qv * qv, kk += kv * kv;
-  }
-  qq = group_sum<32>(qq), kk = group_sum<32>(kk);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) red[2 * warp] = qq, red[2 * warp + 1] = kk;
+  for (int n = threadIdx.x; n < kK; n += kThreads) qn[n] = to_float(q[n]), kn[n] = to_float(k[n]);
+  const int warp = threadIdx.x >> 5;
+  if (warp == 0) red[0] = warp_sum_squares<act_t, kK>(q);
+  if (warp == 1 % (kThreads / 32)) red[1] = warp_sum_squares<act_t, kK>(k);
   __syncthreads();
-  qq = 0.f, kk = 0.f;
-  for (int w = 0; w < kThreads / 32; ++w) qq += red[2 * w], kk += red[2 * w + 1];
-  const float qs = (p.l2norm ? 1.f / sqrtf(qq + kL2NormEps) : 1.f) * p.scale;
-  const float ks = p.l2norm ? 1.f / sqrtf(kk + kL2NormEps) : 1.f;
+  const float qs = (p.l2norm ? 1.f / sqrtf(red[0] + kL2NormEps) : 1.f) * p.scale;
+  const float ks = p.l2norm ? 1.f / sqrtf(red[1] + kL2NormEps) : 1.f;
   for (int n = threadIdx.x; n < kK; n += kThreads) qn[n] *= qs, kn[n] *= ks;
   g = gdn_log_decay(to_float(static_cast<const act_t*>(p.a)[b * p.a_batch_stride + t * p.a_token_stride + hv * p.a_head_stride]),
                     p.dt_bias ? p.dt_bias[hv] : 0.f, p.A_log[hv]);
@@ -237,6 +242,217 @@ __global__ void __launch_bounds__(kThreads) gdn_replay_step_kernel(const GdnRepl
     atomicSub(&c.arrivals[slot], int(gridDim.x));  // zero again for the next launch
     c.cursor[slot] = next_cursor(w, L);
   }
+}
+
+// Speculative verification (MATH.md, "Verifying T tokens at once"; replay_cpu(verify=true) in cpu.cpp): early
+// fold when cursor + T > ring_len; the T corrections of the window depend on each other through the
+// lower-triangular system, solved here by forward substitution row by row: each state row's u_t[r] needs only
+// the same row's earlier u. A block per (value head, row): it reads the committed ring (k of its key head, u and
+// g of its value head), counts in on the arrival counter, and streams the checkpoint once (folding it first
+// when early). It appends its own u and g; the slot's last block to arrive appends the window's normalised k of
+// every key head (value heads of a key head share those entries, which an early fold overwrites) and writes
+// the cursor and the pending count.
+constexpr int kGdnMaxT = 16;
+
+struct GdnVerifySmem {  // floats
+  int qn, kn, red, rk, ru, rg, gt, bt, W, dec, KK, KQ, kqt, wf, misc, total;
+  __host__ __device__ GdnVerifySmem(int K, int V, int L, int T, int threads) {
+    int o = 0;
+    qn = o, o += T * K;   // [t][n] window q_t (normalised, scaled)
+    kn = o, o += T * K;   // [t][n] window k_t (normalised)
+    red = o, o += 2 * threads / 32;
+    rk = o, o += L * K;   // [j][n] committed ring k_j
+    ru = o, o += L * V;   // [j][r] committed ring u_j
+    rg = o, o += L;       // [j] committed ring g_j
+    gt = o, o += T;       // [t] g_t
+    bt = o, o += T;       // [t] beta_t
+    W = o, o += T * L;    // [t][j] exp(g_{j+1} + ... + g_{p_t - 1}), j < p_t (p_t = base + t)
+    dec = o, o += T;      // [t] exp(g_0 + ... + g_{p_t - 1})
+    KK = o, o += T * L;   // [t][j] k_j . k_t
+    KQ = o, o += T * L;   // [t][j] k_j . q_t
+    kqt = o, o += T;      // [t] k_t . q_t
+    wf = o, o += L;       // [j] early fold: exp(g_{j+1} + ... + g_{w-1})
+    misc = o, o += 4;     // [0] early fold: exp(G_w)
+    total = o;
+  }
+};
+
+template <typename ckpt_t, typename act_t, int kK, int kThreads>
+__global__ void __launch_bounds__(kThreads) gdn_replay_verify_kernel(const GdnReplayParams p) {
+  using Layout = RowLayout<ckpt_t, kK, kThreads, 1, ReplayLanes<ckpt_t, kK>::value>;
+  constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane;
+  const GdnReplayCacheParams& c = p.cache;
+  const int hv = blockIdx.x, b = blockIdx.y, L = c.ring_len, V = p.vdim, Tmax = p.ntokens, ratio = p.nheads / p.nkheads;
+  const int h = hv / ratio;
+  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+  if (slot == kPadSlot) return;
+  RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_verify: slot_ids[%d] = %lld is out of range", b, (long long)slot);
+  const int T = p.num_tokens ? p.num_tokens[b] : Tmax;
+  RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "gdn_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
+  const int w0 = c.cursor[slot];
+  RSSM_DEVICE_CHECK(w0 >= 0 && w0 <= L, "gdn_replay_verify: cursor[%lld] = %d is outside [0, ring_len]", (long long)slot, w0);
+  const bool early = w0 + T > L;
+  const int base = early ? 0 : w0;  // ring position of window token 0
+  extern __shared__ float sm[];
+  const GdnVerifySmem off(kK, V, L, Tmax, kThreads);
+  float *qn = sm + off.qn, *kn = sm + off.kn, *rk = sm + off.rk, *ru = sm + off.ru, *rg = sm + off.rg, *gt = sm + off.gt,
+        *bt = sm + off.bt, *W = sm + off.W, *dec = sm + off.dec, *KK = sm + off.KK, *KQ = sm + off.KQ, *kqt = sm + off.kqt,
+        *wf = sm + off.wf, *misc = sm + off.misc;
+  const float* ring_k = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;
+  const float* ring_u = c.ring_u + slot * c.ring_u_slot_stride + hv * c.ring_u_head_stride;
+  const float* ring_g = c.ring_g + slot * c.ring_g_slot_stride + hv;
+  for (int idx = threadIdx.x; idx < w0 * kK; idx += kThreads) rk[idx] = ring_k[(idx / kK) * c.ring_k_pos_stride + idx % kK];
+  for (int idx = threadIdx.x; idx < w0 * V; idx += kThreads) ru[idx] = ring_u[(idx / V) * c.ring_u_pos_stride + idx % V];
+  for (int j = threadIdx.x; j < w0; j += kThreads) rg[j] = ring_g[j * c.ring_g_pos_stride];
+  for (int t = 0; t < T; ++t) {  // two barriers each
+    float g, beta;
+    gdn_prepare_token<act_t, kK, kThreads>(p, b, t, hv, qn + t * kK, kn + t * kK, sm + off.red, g, beta);
+    if (threadIdx.x == 0) gt[t] = g, bt[t] = beta;
+  }
+  __syncthreads();  // every thread has read the cursor and the committed ring
+  int arrived = 0;
+  if (threadIdx.x == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
+
+  // ---- Scalars. Positions after the (early) fold: j < base committed, j >= base the window.
+  auto g_at = [&](int j) { return j < base ? rg[j] : gt[j - base]; };
+  auto k_at = [&](int j) { return j < base ? rk + j * kK : kn + (j - base) * kK; };
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int idx = warp; idx < T * (base + T); idx += kThreads / 32) {  // a warp per (t, j <= p_t)
+    const int t = idx / (base + T), j = idx % (base + T);
+    if (j > base + t) continue;
+    const float* kj = k_at(j);
+    float a = 0.f, q = 0.f;
+    for (int n = lane; n < kK; n += 32) a = fmaf(kj[n], kn[t * kK + n], a), q = fmaf(kj[n], qn[t * kK + n], q);
+    a = group_sum<32>(a), q = group_sum<32>(q);
+    if (lane == 0) {
+      if (j < base + t) KK[t * L + j] = a, KQ[t * L + j] = q;
+      else kqt[t] = q;
+    }
+  }
+  for (int idx = threadIdx.x; idx < T * (base + T); idx += kThreads) {  // a thread per (t, j < p_t): replay_decays' sums
+    const int t = idx / (base + T), j = idx % (base + T), pt = base + t;
+    if (j >= pt && !(j == 0 && pt == 0)) continue;
+    float suffix = 0.f;
+    for (int m = pt - 1; m > j; --m) suffix += g_at(m);
+    if (j < pt) W[t * L + j] = expf(suffix);
+    if (j == 0) dec[t] = pt == 0 ? 1.f : expf(suffix + g_at(0));
+  }
+  if (early) {
+    for (int j = threadIdx.x; j < w0; j += kThreads) {
+      float suffix = 0.f;
+      for (int m = w0 - 1; m > j; --m) suffix += rg[m];
+      wf[j] = expf(suffix);
+      if (j == 0) misc[0] = expf(suffix + rg[0]);
+    }
+  }
+  __syncthreads();
+
+  // ---- Rows: fold (early), then the window's corrections in order and the outputs.
+  const int lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
+  ckpt_t* S = static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(hv) * c.ckpt_head_stride;
+  const act_t* vin = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + hv * p.v_head_stride;
+  act_t* out = static_cast<act_t*>(p.out) + b * p.out_batch_stride + hv * p.out_head_stride;
+  float* ring_u_w = c.ring_u + slot * c.ring_u_slot_stride + hv * c.ring_u_head_stride;
+  for (int r0 = 0; r0 < V; r0 += Layout::kRowsPerIter) {
+    const int r = r0 + warp * Layout::kRowsPerWarp + row_in_warp;
+    const bool valid = r < V;
+    const int rr = valid ? r : 0;
+    ckpt_t* row = S + int64_t(rr) * c.ckpt_row_stride;
+    float s[kCols];
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      float part[Layout::kVec];
+      if (valid) load16_stream(row + Layout::col(lane_in_row, v, 0), part);
+#pragma unroll
+      for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = valid ? part[e] : 0.f;
+    }
+    if (early) {  // checkpoint <- state at the cursor, stored as the checkpoint stores it
+#pragma unroll
+      for (int col = 0; col < kCols; ++col) s[col] *= misc[0];
+      for (int j = 0; j < w0; ++j) {
+        const float wu = wf[j] * ru[j * V + rr];
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+          for (int e = 0; e < Layout::kVec; ++e)
+            s[v * Layout::kVec + e] = fmaf(wu, rk[j * kK + Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
+      }
+#pragma unroll
+      for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
+      if (valid)
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+          store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+    }
+    float u[kGdnMaxT];
+#pragma unroll
+    for (int t = 0; t < kGdnMaxT; ++t) {
+      if (t >= T) break;
+      const float* kt = kn + t * kK;
+      const float* qt = qn + t * kK;
+      float Sk = 0.f, Sq = 0.f;  // this lane's part of S_c k_t, S_c q_t and of the committed ring terms
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+        for (int e = 0; e < Layout::kVec; ++e) {
+          const int col = Layout::col(lane_in_row, v, e);
+          Sk = fmaf(s[v * Layout::kVec + e], kt[col], Sk);
+          Sq = fmaf(s[v * Layout::kVec + e], qt[col], Sq);
+        }
+      Sk *= dec[t], Sq *= dec[t];
+      for (int j = lane_in_row; j < base; j += kLanes) {
+        const float wu = W[t * L + j] * ru[j * V + rr];
+        Sk = fmaf(wu, KK[t * L + j], Sk), Sq = fmaf(wu, KQ[t * L + j], Sq);
+      }
+      Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
+#pragma unroll
+      for (int t2 = 0; t2 < t; ++t2) {  // the window's earlier corrections of this row (forward substitution)
+        const float wu = W[t * L + base + t2] * u[t2];
+        Sk = fmaf(wu, KK[t * L + base + t2], Sk), Sq = fmaf(wu, KQ[t * L + base + t2], Sq);
+      }
+      const float alpha = expf(gt[t]);
+      const float vt = valid ? to_float(vin[int64_t(t) * p.v_token_stride + rr]) : 0.f;
+      u[t] = bt[t] * (vt - alpha * Sk);
+      if (valid && lane_in_row == 0) {
+        out[int64_t(t) * p.out_token_stride + r] = from_float<act_t>(alpha * Sq + u[t] * kqt[t]);
+        ring_u_w[(base + t) * c.ring_u_pos_stride + r] = u[t];
+      }
+    }
+  }
+  for (int t = threadIdx.x; t < T; t += kThreads) c.ring_g[slot * c.ring_g_slot_stride + (base + t) * c.ring_g_pos_stride + hv] = gt[t];
+  __shared__ int last_block;
+  if (threadIdx.x == 0) last_block = arrived == int(gridDim.x) - 1;
+  __syncthreads();
+  if (last_block) {  // every block of the slot has read the committed ring: the window's k of every key head
+    for (int idx = warp; idx < T * p.nkheads; idx += kThreads / 32) {
+      const int t = idx / p.nkheads, hk = idx % p.nkheads;
+      const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + hk * p.k_head_stride;
+      const float kk = warp_sum_squares<act_t, kK>(k);
+      const float ks = p.l2norm ? 1.f / sqrtf(kk + kL2NormEps) : 1.f;
+      float* dst = c.ring_k + slot * c.ring_k_slot_stride + (base + t) * c.ring_k_pos_stride + hk * c.ring_k_head_stride;
+      for (int n = lane; n < kK; n += 32) dst[n] = to_float(k[n]) * ks;
+    }
+    if (threadIdx.x == 0) {
+      atomicSub(&c.arrivals[slot], int(gridDim.x));  // zero again for the next launch
+      if (early) c.cursor[slot] = 0;
+      if (c.pending) c.pending[slot] = T;
+    }
+  }
+}
+
+template <DType kCkpt>
+void gdn_replay_verify_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream) {
+  using ckpt_t = typename CudaType<kCkpt>::type;
+  if (p.ntokens > kGdnMaxT) throw std::invalid_argument("replayssm: the CUDA gdn_replay_verify takes at most 16 tokens per row");
+  RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
+    RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
+      auto kernel = gdn_replay_verify_kernel<ckpt_t, typename CudaType<kAct>::type, kK, 128>;
+      const int smem = GdnVerifySmem(kK, p.vdim, p.cache.ring_len, p.ntokens, 128).total * int(sizeof(float));
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
+      kernel<<<dim3(p.nheads, p.batch), 128, smem, stream>>>(p);
+      check_cuda(cudaGetLastError(), "gdn_replay_verify kernel launch");
+    });
+  });
 }
 
 // State at each slot's cursor (or a committed position): exp(G_w) S_c + sum_{j<w} weight_j u_j k_j^T, fp32.

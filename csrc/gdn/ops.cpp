@@ -202,18 +202,21 @@ void gdn_replay(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, 
       check_dtype(*num_tokens, "num_tokens", at::kInt);
       check_device(*num_tokens, "num_tokens", q.device());
       TORCH_CHECK_VALUE(num_tokens->is_contiguous(), "replayssm: num_tokens must be contiguous");
-      TORCH_CHECK_VALUE(!(*num_tokens < 1).logical_or(*num_tokens > p.ntokens).any().item<bool>(),
-                        "replayssm: every num_tokens must be in [1, T = ", p.ntokens, "]");
+      if (!num_tokens->is_cuda())  // on the GPU the kernel checks on the device
+        TORCH_CHECK_VALUE(!(*num_tokens < 1).logical_or(*num_tokens > p.ntokens).any().item<bool>(),
+                          "replayssm: every num_tokens must be in [1, T = ", p.ntokens, "]");
       p.num_tokens = num_tokens->data_ptr<int>();
     }
   }
   if (!p.batch) return;
 #ifdef RSSM_WITH_CUDA
-  if (q.is_cuda() && !verify) {  // (gdn_replay_verify has no CUDA registration yet)
+  if (q.is_cuda()) {
+    TORCH_CHECK_VALUE(p.cache.arrivals != nullptr, "replayssm: the CUDA GDN replay kernels need the cache's arrivals");
     check_vector_aligned(checkpoint, "checkpoint");
     TORCH_CHECK_VALUE(p.kdim == 16 || p.kdim == 32 || p.kdim == 64 || p.kdim == 128 || p.kdim == 256, "replayssm: the CUDA GDN kernels take kdim 16, 32, 64, 128 or 256");
     const c10::cuda::CUDAGuard guard(q.device());
-    return gdn_replay_step_cuda(p, c10::cuda::getCurrentCUDAStream());
+    return verify ? gdn_replay_verify_cuda(p, c10::cuda::getCurrentCUDAStream())
+                  : gdn_replay_step_cuda(p, c10::cuda::getCurrentCUDAStream());
   }
 #endif
   if (verify) gdn_replay_verify_cpu(p);
@@ -232,9 +235,13 @@ void gdn_replay_step(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor rin
 void gdn_replay_verify(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, const Tensor& q,
                        const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log,
                        const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids, const OptTensor& num_tokens,
-                       Tensor out, const OptTensor& pending) {
+                       Tensor out, const OptTensor& pending, const OptTensor& arrivals) {
+  if (arrivals) {
+    check_shape(*arrivals, "arrivals", {checkpoint.size(0)});
+    check_dtype(*arrivals, "arrivals", at::kInt);
+  }
   gdn_replay(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, num_tokens, out,
-             true, pending);
+             true, pending, arrivals ? &*arrivals : nullptr);
 }
 
 void gdn_replay_state(const Tensor& checkpoint, const Tensor& ring_u, const Tensor& ring_k, const Tensor& ring_g,
@@ -286,6 +293,7 @@ TORCH_LIBRARY_IMPL(replayssm, CPU, m) {
 TORCH_LIBRARY_IMPL(replayssm, CUDA, m) {
   m.impl("gdn_step", &gdn_step);
   m.impl("gdn_replay_step", &gdn_replay_step);
+  m.impl("gdn_replay_verify", &gdn_replay_verify);
   m.impl("gdn_replay_state", &gdn_replay_state);
 }
 #endif
