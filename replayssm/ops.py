@@ -182,7 +182,7 @@ def gdn_step(state, q, k, v, a, b, A_log, *, slot_ids, dt_bias=None, l2norm=True
     """Standard Gated DeltaNet decode step; reads and writes ``state[slot_ids[r]]`` (s, HV, V, K) in place.
     q, k (b, H, K); v (b, HV, V); a, b (b, HV) raw gate inputs; A_log, dt_bias (HV,) fp32. g = -exp(A_log)
     softplus(a + dt_bias), beta = sigmoid(b); q and k L2-normalised when ``l2norm``; q scaled by ``scale``
-    (default K^-1/2). Returns o (b, HV, V). CPU now (the CUDA kernels are the rest of issue 4)."""
+    (default K^-1/2). Returns o (b, HV, V). CPU and CUDA."""
     if out is None:
         out = torch.empty_like(v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale

@@ -3,6 +3,8 @@
 # that reaches PyPI. Nothing of them is committed; the GPU machine gets the folder by copy.
 #   mamba_ssm 2.3.2.post1: only its Triton selective_state_update (Mamba-2 standard decode). Its package
 #   __init__ needs the CUDA build, so the two Triton modules are laid out under a bare package skeleton.
+#   fla-core 0.6.0 (flash-linear-attention's kernels: fused_recurrent_gated_delta_rule, the standard GDN decode)
+#   and einops 0.8.2, its one dependency: pure-Python wheels, unpacked under .cache/fla.
 set -euo pipefail
 cd "$(dirname "$0")"
 MAMBA_SSM_VERSION=2.3.2.post1
@@ -22,4 +24,12 @@ if [ ! -f "$CACHE/mamba_ssm_triton/mamba_ssm/ops/triton/selective_state_update.p
         "$dst/__init__.py"
   rm -rf "$tmp"
 fi
-echo "baselines in third_party/$CACHE: mamba_ssm $MAMBA_SSM_VERSION (Triton selective_state_update)"
+FLA_VERSION=0.6.0
+EINOPS_VERSION=0.8.2
+if [ ! -f "$CACHE/fla/fla/ops/gated_delta_rule/fused_recurrent.py" ]; then
+  "$PY" -m pip download --no-deps "fla-core==$FLA_VERSION" "einops==$EINOPS_VERSION" -d "$CACHE/downloads" >/dev/null
+  mkdir -p "$CACHE/fla"
+  "$PY" -m zipfile -e "$CACHE/downloads/fla_core-$FLA_VERSION-py3-none-any.whl" "$CACHE/fla"
+  "$PY" -m zipfile -e "$CACHE/downloads/einops-$EINOPS_VERSION-py3-none-any.whl" "$CACHE/fla"
+fi
+echo "baselines in third_party/$CACHE: mamba_ssm $MAMBA_SSM_VERSION (Triton selective_state_update), fla-core $FLA_VERSION"

@@ -1,0 +1,144 @@
+"""Gated DeltaNet decode step microbenchmark (issue 4): fla's fused_recurrent_gated_delta_rule (the standard decode
+engines run: read the state, write the new one), replayssm's gdn_step (standard, in place) and gdn_replay_step
+(replay over full cycles of L steps, cursors advancing for real), FP32 state, bf16 activations, HV=32 value heads,
+H=16 key heads, K=V=128 (Qwen3-Next's GDN layer), timed as bench_mamba2.py times the Mamba-2 steps (CUDA graphs of
+whole cycles over enough independent layers that nothing is served from L2).
+
+    python bench/bench_gdn.py [--batches 1 32 128 256] [--ring-len 16] [--out bench/results/gdn_decode.json]
+    python bench/bench_gdn.py --smoke     # tiny shapes, eager, CPU: checks the code paths only
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import replayssm  # noqa: E402
+from replayssm import GdnReplayCache  # noqa: E402
+
+ACT = torch.bfloat16
+
+
+def load_fla():
+    path = os.path.join(os.path.dirname(__file__), "..", "third_party", ".cache", "fla")
+    sys.path.insert(0, os.path.abspath(path))
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        return fused_recurrent_gated_delta_rule
+    except Exception as e:  # noqa: BLE001 (any import failure means: no baseline in this run)
+        print(f"fla baseline not available ({e}); run third_party/get_baselines.sh")
+        return None
+
+
+def analytic_bytes(batch, L, shape, state_bytes=4, act_bytes=2) -> dict:
+    HV, H, K, V = shape
+    state = batch * HV * V * K * state_bytes
+    io = batch * (2 * H * K * act_bytes + 2 * HV * V * act_bytes + 2 * HV * act_bytes)  # q, k; v, out; a, b
+    ring_token = batch * (HV * V * 4 + H * K * 4 + HV * 4)  # u, k, g (fp32)
+    standard = 2 * state + io
+    replay = state + io + ring_token * (L - 1) / 2 + state / L + ring_token * (L - 1) / L
+    return {"standard": standard, "replay": replay}
+
+
+def make_inputs(batch, n_layers, L, shape, gen, device):
+    HV, H, K, V = shape
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, device=device).to(ACT)
+    return [[dict(q=rnd(batch, H, K), k=rnd(batch, H, K), v=rnd(batch, HV, V), a=rnd(batch, HV), b=rnd(batch, HV),
+                  out=torch.empty(batch, HV, V, dtype=ACT, device=device)) for _ in range(n_layers)] for _ in range(L)]
+
+
+def bench_batch(batch, L, shape, fla, gen, smoke=False) -> dict:
+    device = "cpu" if smoke else "cuda"
+    HV, H, K, V = shape
+    state_layer = batch * HV * V * K * 4
+    n_layers = 1 if smoke else max(2, math.ceil(4 * common.l2_bytes() / state_layer))
+    A_log = torch.rand(HV, generator=gen, device=device) * math.log(16.0)
+    dt_bias = torch.rand(HV, generator=gen, device=device) - 4.0
+    slots = torch.arange(batch, dtype=torch.int32, device=device)
+    inputs = make_inputs(batch, n_layers, L, shape, gen, device)
+    timer = (lambda fn: (fn(), 0.0)[1]) if smoke else common.time_graph
+    r = {"batch": batch, "layers_rotated": n_layers}
+
+    pools = [torch.randn(batch, HV, V, K, generator=gen, device=device) * 0.1 for _ in range(n_layers)]
+
+    def standard_cycle():
+        for step in inputs:
+            for pool, t in zip(pools, step):
+                replayssm.gdn_step(pool, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots, dt_bias=dt_bias,
+                                   out=t["out"])
+    r["standard_us"] = timer(standard_cycle) / (L * n_layers)
+
+    if fla is not None and not smoke:
+        def fla_cycle():
+            for step in inputs:
+                for pool, t in zip(pools, step):
+                    fla(t["q"][:, None], t["k"][:, None], t["v"][:, None], g=t["a"][:, None], beta=t["b"][:, None],
+                        initial_state=pool, output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                        A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, state_v_first=True)
+        r["fla_us"] = timer(fla_cycle) / (L * n_layers)
+    del pools
+
+    caches = []
+    for _ in range(n_layers):
+        cache = GdnReplayCache.allocate(batch, HV, H, K, V, ring_len=L, device=device)
+        cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device=device) * 0.1)
+        cache.cursor.copy_(torch.randint(0, L, (batch,), generator=gen, device=device, dtype=torch.int32))
+        caches.append(cache)
+
+    def replay_cycle():
+        for step in inputs:
+            for cache, t in zip(caches, step):
+                replayssm.gdn_replay_step(cache, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots,
+                                          dt_bias=dt_bias, out=t["out"])
+    before = torch.stack([c.cursor.clone() for c in caches])
+    r["replay_us"] = timer(replay_cycle) / (L * n_layers)
+    assert torch.equal(before, torch.stack([c.cursor for c in caches])), "cursors did not advance full cycles"
+    return r
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
+    parser.add_argument("--ring-len", type=int, default=16)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gdn_decode.json"))
+    args = parser.parse_args()
+    if args.smoke:
+        print(bench_batch(3, 4, (4, 2, 16, 8), None, torch.Generator().manual_seed(0), smoke=True))
+        return
+    shape = (32, 16, 128, 128)  # HV, H, K, V
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    fla = load_fla()
+    bw = common.measure_bandwidth()
+    rows = []
+    for batch in args.batches:
+        r = bench_batch(batch, args.ring_len, shape, fla, gen)
+        nbytes = analytic_bytes(batch, args.ring_len, shape)
+        r["bytes"] = nbytes
+        r["standard_floor_us"] = nbytes["standard"] / (bw["copy_TBps"] * 1e6)
+        r["replay_floor_us"] = nbytes["replay"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
+        r["standard_frac_copy_bw"] = r["standard_floor_us"] / r["standard_us"]
+        r["replay_vs_standard"] = r["standard_us"] / r["replay_us"]
+        r["replay_over_floor"] = r["replay_us"] / r["replay_floor_us"]
+        rows.append(r)
+        print(r, flush=True)
+    common.write_result(args.out, {"bandwidth": bw, "ring_len": args.ring_len, "shape": dict(zip(("HV", "H", "K", "V"), shape)),
+                                   "state_dtype": "float32", "act_dtype": "bfloat16", "rows": rows})
+    print(f"\ncopy {bw['copy_TBps']:.2f} TB/s, read {bw['read_TBps']:.2f} TB/s; µs per step and layer, L={args.ring_len}")
+    print(f"{'batch':>5} {'fla':>8} {'step':>8} {'step%BW':>8} {'replay':>8} {'floor':>7} {'rep/floor':>9} {'speedup':>8}")
+    for r in rows:
+        print(f"{r['batch']:>5} {r.get('fla_us', float('nan')):>8.1f} {r['standard_us']:>8.1f} "
+              f"{100 * r['standard_frac_copy_bw']:>7.1f}% {r['replay_us']:>8.1f} {r['replay_floor_us']:>7.1f} "
+              f"{r['replay_over_floor']:>9.2f} {r['replay_vs_standard']:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
