@@ -40,6 +40,7 @@ void check_conv_args(const Tensor& conv_state, const Tensor& conv_window, const 
   check_device(slot_ids, "slot_ids", conv_state.device());
   check_shape(slot_ids, "slot_ids", {-1});
   check_slot_ids(slot_ids, slots);
+  TORCH_CHECK_VALUE(!conv_state.is_cuda() || slot_ids.size(0) <= 65535, "replayssm: the CUDA kernels take at most 65535 rows per call");
 }
 
 ConvParams conv_params(const Tensor& conv_state, const Tensor& conv_window, const Tensor& slot_ids) {

@@ -6,6 +6,8 @@
 // (no load pipeline: each thread has one row in flight).
 #pragma once
 
+#include <string>
+
 #include "../common/cuda_utils.cuh"
 #include "../common/math.h"
 #include "../mamba2/kernels.cuh"  // RowLayout, ReplayLanes
@@ -440,6 +442,21 @@ __global__ void __launch_bounds__(kThreads) gdn_replay_verify_kernel(const GdnRe
   }
 }
 
+// The device's opt-in shared-memory limit per block; a clear error when a shape needs more.
+inline void gdn_check_smem(int bytes, const GdnTokenParams& p, int ring_len, const char* op) {
+  static const int limit = [] {
+    int device = 0, v = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+    return v;
+  }();
+  if (bytes > limit)
+    throw std::invalid_argument(std::string("replayssm: ") + op + " needs " + std::to_string(bytes) +
+                                " bytes of shared memory for kdim " + std::to_string(p.kdim) + ", vdim " + std::to_string(p.vdim) +
+                                ", ring_len " + std::to_string(ring_len) + " and " + std::to_string(p.ntokens) +
+                                " tokens; the device has " + std::to_string(limit));
+}
+
 template <DType kCkpt>
 void gdn_replay_verify_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream) {
   using ckpt_t = typename CudaType<kCkpt>::type;
@@ -448,6 +465,7 @@ void gdn_replay_verify_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stre
     RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
       auto kernel = gdn_replay_verify_kernel<ckpt_t, typename CudaType<kAct>::type, kK, 128>;
       const int smem = GdnVerifySmem(kK, p.vdim, p.cache.ring_len, p.ntokens, 128).total * int(sizeof(float));
+      gdn_check_smem(smem, p, p.cache.ring_len, "gdn_replay_verify");
       check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
       kernel<<<dim3(p.nheads, p.batch), 128, smem, stream>>>(p);
       check_cuda(cudaGetLastError(), "gdn_replay_verify kernel launch");
@@ -511,6 +529,7 @@ void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream
     RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
       auto kernel = gdn_replay_step_kernel<ckpt_t, typename CudaType<kAct>::type, kK, 128>;
       const int smem = GdnReplaySmem(kK, p.vdim, p.cache.ring_len, 128).total * int(sizeof(float));
+      gdn_check_smem(smem, p, p.cache.ring_len, "gdn_replay_step");
       check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_step shared memory");
       kernel<<<dim3(p.nheads, p.batch), 128, smem, stream>>>(p);
       check_cuda(cudaGetLastError(), "gdn_replay_step kernel launch");

@@ -1,5 +1,5 @@
-// The torch layer of the Gated DeltaNet ops: validate, fill the params (the one place), run. CPU for now;
-// the CUDA kernels are the next step of issue 4 (the ops have no CUDA registration until then).
+// The torch layer of the Gated DeltaNet ops: validate, fill the params (the one place), run on the CPU or with
+// the CUDA kernels (gdn/kernels.cuh).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -34,6 +34,7 @@ void fill_gdn_token(GdnTokenParams& p, const Tensor& q, const Tensor& k, const T
   const int64_t batch = q.size(0), T = with_tokens ? q.size(1) : 1, H = q.size(1 + d), K = q.size(2 + d),
                 HV = v.size(1 + d), V = v.size(2 + d);
   TORCH_CHECK_VALUE(T >= 1, "replayssm: q must hold at least one token per row");
+  TORCH_CHECK_VALUE(!q.is_cuda() || batch <= 65535, "replayssm: the CUDA kernels take at most 65535 rows per call, got ", batch);
   TORCH_CHECK_VALUE(H > 0 && HV % H == 0, "replayssm: value heads (", HV, ") must be a multiple of key heads (", H, ")");
   auto shp = [&](std::initializer_list<int64_t> tail) {
     std::vector<int64_t> s{batch};
@@ -256,6 +257,8 @@ void gdn_replay_state(const Tensor& checkpoint, const Tensor& ring_u, const Tens
   check_device(slot_ids, "slot_ids", checkpoint.device());
   check_slot_ids(slot_ids, checkpoint.size(0));
   const int64_t batch = slot_ids.size(0);
+  TORCH_CHECK_VALUE(!checkpoint.is_cuda() || batch <= 65535, "replayssm: the CUDA kernels take at most 65535 rows per call, got ",
+                    batch);
   check_shape(out, "out", {batch, HV, V, K});
   check_dtype(out, "out", at::kFloat);
   check_device(out, "out", checkpoint.device());

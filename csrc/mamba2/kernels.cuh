@@ -177,7 +177,8 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
 // each block does as soon as all its threads have read the cursor: one launch suffices, with no host sync;
 // graph-capturable.
 template <typename ckpt_t, int kN>
-struct ReplayLanes {  // lanes per row: at least 4, and enough that each holds at most 32 columns (no spills)
+struct ReplayLanes {  // lanes per row: 4 (fewer when a row has fewer 16-byte vectors), more when a lane would hold
+                     // over 32 columns (registers spill)
   static constexpr int kVecsPerRow = kN * int(sizeof(ckpt_t)) / 16;
   static constexpr int kWant = kN / 32 > 4 ? kN / 32 : 4;
   static constexpr int value = kVecsPerRow < kWant ? kVecsPerRow : kWant;
@@ -257,7 +258,6 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
   const int w = c.cursor[slot];  // in flight while the first loads are issued
-  const uint32_t fold_no = c.fold_count ? uint32_t(c.fold_count[slot]) : 0u;  // read before this block counts in
 
   const int heads_per_group = p.nheads / p.ngroups;
   const int L = c.ring_len;
@@ -364,7 +364,12 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (!prefetch_ring) load_ring(w);
   cp_async_commit();
   cp_async_wait<0>();
-  __syncthreads();  // tiles written; every thread of the block has read the cursor
+  // The fold count (stochastic rounding's Philox counter) through shared memory, so that it has been read
+  // before this block counts in: the slot's last block increments it.
+  __shared__ uint32_t fold_count_s;
+  if (threadIdx.x == 0) fold_count_s = c.fold_count ? uint32_t(c.fold_count[slot]) : 0u;
+  __syncthreads();  // tiles written; every thread of the block has read the cursor (and thread 0 the fold count)
+  const uint32_t fold_no = fold_count_s;
 
   // Count this block in: all its threads have read the cursor, so the slot's last block to arrive may advance
   // it now (the slot's other blocks read it before they arrived). No fence, and off the tail: the answer is

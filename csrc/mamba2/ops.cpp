@@ -220,9 +220,9 @@ void mamba2_step(Tensor state, const Tensor& x, const Tensor& dt, const Tensor& 
     if (!x.is_cuda()) {  // pad rows alike; no row writes a slot that another row reads in the same call
       const Tensor src = slot_ids.to(at::kLong), dst = dst_slot_ids->to(at::kLong);
       TORCH_CHECK_VALUE(src.eq(kPadSlot).equal(dst.eq(kPadSlot)), "replayssm: dst_slot_ids must be padding exactly where slot_ids is");
-      const Tensor clash = dst.unsqueeze(1).eq(src.unsqueeze(0)).logical_and(dst.ne(kPadSlot).unsqueeze(1));
-      TORCH_CHECK_VALUE(!clash.logical_and(at::eye(src.size(0), clash.options()).logical_not()).any().item<bool>(),
-                        "replayssm: dst_slot_ids must not name a slot that another row reads (slot_ids)");
+      // (slot ids do not repeat, so a destination equal to some source is another row's unless it is its own)
+      const Tensor clash = at::isin(dst, src).logical_and(dst.ne(src)).logical_and(dst.ne(kPadSlot));
+      TORCH_CHECK_VALUE(!clash.any().item<bool>(), "replayssm: dst_slot_ids must not name a slot that another row reads (slot_ids)");
     }
     p.dst_slot_ids = dst_slot_ids->data_ptr();
   }
