@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One job on the H200 machine: build for sm_90a, run the tests (CUDA ones included), the demo, the benchmark
 # and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
-# with steps from: build test sanitize racecheck demo bench tune ncu profile spec gdn (default: build test demo bench ncu).
+# with steps from: build test sanitize racecheck demo bench tune ncu profile stalls spec gdn (default: build test demo bench ncu).
 # tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch;
+# stalls: where that launch's warps were sampled, per SASS instruction (bench/ncu_top_stalls.py);
 # spec: speculative verify+commit vs the per-position baseline (issue 3); gdn: the GDN decode steps (issue 4).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +40,11 @@ for step in $STEPS; do
     bench) run bench python3 bench/bench_mamba2.py --out "$OUT/mamba2_decode.json" ;;
     tune) run tune python3 bench/bench_mamba2.py --tune --out "$OUT/mamba2_decode.json" ;;
     ncu) run ncu python3 bench/ncu_mamba2.py --out "$OUT/mamba2_ncu.json" ;;
+    stalls) run stalls bash -c "ncu --clock-control none -k regex:${PROFILE_KERNEL:-mamba2_replay_step_kernel} -s 2 -c 1 \
+        --section SourceCounters --section WarpStateStats --import-source yes -f -o /tmp/rssm_stalls \
+        python3 bench/ncu_mamba2.py --child --batch ${PROFILE_BATCH:-256} > /dev/null && \
+        ncu -i /tmp/rssm_stalls.ncu-rep --page source --csv --print-source sass > $OUT/stalls.csv && \
+        python3 bench/ncu_top_stalls.py $OUT/stalls.csv" ;;
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;
     gdn) run gdn python3 bench/bench_gdn.py --out "$OUT/gdn_decode.json" ;;
     profile) run profile ncu --clock-control none -k regex:${PROFILE_KERNEL:-mamba2_replay_step_kernel} -s 2 -c 1 \
