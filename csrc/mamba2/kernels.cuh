@@ -242,13 +242,13 @@ __device__ __forceinline__ void copy_head_rows(T* dst, int dst_stride, const T* 
 // src_t is what the row loop streams: the checkpoint itself (src_t == ckpt_t), or its bf16 output view (the
 // numerical split, MATH.md; an fp32 checkpoint), which then serves every output while the master is read and
 // written only by folds. A fold rounds a narrow checkpoint to nearest, or stochastically with sr_seed.
-template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages>
-__global__ void __launch_bounds__(kThreads, 3)
+template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
                               const bool io_vec, const bool prefetch_ring) {
   constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
   static_assert(!kView || std::is_same_v<ckpt_t, float>, "the output view is of an fp32 checkpoint");
-  using Layout = RowLayout<src_t, kN, kThreads, 1, ReplayLanes<src_t, kN>::value>;
+  using Layout = RowLayout<src_t, kN, kThreads, 1, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow;
   constexpr int kVecs = Layout::kVecsPerLane;
   constexpr int kCols = Layout::kColsPerLane;
@@ -528,12 +528,14 @@ __global__ void __launch_bounds__(kThreads, 3)
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-template <typename ckpt_t, typename src_t, typename act_t, int kN>
+// Default configuration (kStages 3, ReplayLanes, 3 blocks per SM): two stages in flight while a third is read,
+// 128 bytes of a row per thread per stage: with three blocks of 128 threads per SM, ~96 KiB of checkpoint
+// reads outstanding per SM.
+template <typename ckpt_t, typename src_t, typename act_t, int kN, int kStages = 3, int kLanes = ReplayLanes<src_t, kN>::value,
+          int kMinBlocks = 3>
 void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
-  // Two stages in flight while a third is read, 128 bytes of a row per thread per stage: with three blocks
-  // of 128 threads per SM, ~96 KiB of checkpoint reads outstanding per SM.
-  constexpr int kThreads = 128, kStages = 3;
-  using Layout = RowLayout<src_t, kN, kThreads, 1, ReplayLanes<src_t, kN>::value>;
+  constexpr int kThreads = 128;
+  using Layout = RowLayout<src_t, kN, kThreads, 1, kLanes>;
   const Mamba2ReplayCacheParams& c = p.cache;
   // Rows of a group per block: enough blocks for ~4 waves of 3 blocks per SM (prologues overlap other
   // blocks' streaming; the last wave is short), at most 256 rows (measured: 512 rows 5% slower at batch 128,
@@ -575,7 +577,7 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
   const int forced_prefetch = tune_knob("replay_prefetch");
   const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * 3;
   const size_t smem_bytes = smem_for(rows_per_block);
-  auto kernel = mamba2_replay_step_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages>;
+  auto kernel = mamba2_replay_step_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
   if (smem_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");
@@ -590,6 +592,14 @@ void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStrea
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
       using act_t = typename CudaType<kAct>::type;
+      if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kN == 128) {
+        // Deeper pipelines for the benchmark's configuration, chosen by REPLAYSSM_TUNE (measurements to come):
+        // 1: four stages (three in flight), two blocks per SM; 2: eight lanes per row (64 bytes per thread and
+        // stage), six stages, three blocks per SM (~120 KiB in flight per SM).
+        const int variant = p.cache.view == nullptr ? tune_knob("replay_variant") : -1;
+        if (variant == 1) return launch_mamba2_replay_step<float, float, act_t, kN, 4, 4, 2>(p, stream);
+        if (variant == 2) return launch_mamba2_replay_step<float, float, act_t, kN, 6, 8, 3>(p, stream);
+      }
       if (p.cache.view == nullptr) return launch_mamba2_replay_step<ckpt_t, ckpt_t, act_t, kN>(p, stream);
       if constexpr (kCkpt == DType::kFloat32) return launch_mamba2_replay_step<float, __nv_bfloat16, act_t, kN>(p, stream);
       throw std::invalid_argument("replayssm: on CUDA the output view must be of an fp32 checkpoint");
