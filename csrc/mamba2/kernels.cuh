@@ -346,22 +346,36 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   };
   if (prefetch_ring) load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
+  // This token's B, C, dt and D: every load issued before any is used (one memory trip, not one per kind).
+  constexpr int kNPer = (kN + kThreads - 1) / kThreads;
+  act_t Bv[kNPer], Cv_raw[kNPer];
   {
     const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
     const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
-    for (int n = threadIdx.x; n < kN; n += kThreads) {
-      Bt_s[n] = to_float(Bt[n]);
-      C_s[n] = to_float(Ct[n]);
+#pragma unroll
+    for (int u = 0; u < kNPer; ++u) {
+      const int n = threadIdx.x + u * kThreads;
+      if (n < kN) Bv[u] = Bt[n], Cv_raw[u] = Ct[n];
     }
-    for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads) {
-      const int h = h0 + hl;
-      dtt[hl] = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
-                           p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
-      Ds[hl] = p.D ? p.D[h] : 0.f;
-    }
+  }
+  float dt_raw = 0.f, dt_b = 0.f, D_h = 0.f;
+  if (threadIdx.x < nheads_block) {  // nheads_block <= kThreads (launcher)
+    const int h = h0 + threadIdx.x;
+    dt_raw = to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]);
+    dt_b = p.dt_bias ? p.dt_bias[h] : 0.f;
+    D_h = p.D ? p.D[h] : 0.f;
   }
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
   if (!prefetch_ring) load_ring(w);
+#pragma unroll
+  for (int u = 0; u < kNPer; ++u) {
+    const int n = threadIdx.x + u * kThreads;
+    if (n < kN) Bt_s[n] = to_float(Bv[u]), C_s[n] = to_float(Cv_raw[u]);
+  }
+  if (threadIdx.x < nheads_block) {
+    dtt[threadIdx.x] = process_dt(dt_raw, dt_b, p.dt_softplus, p.dt_min, p.dt_max);
+    Ds[threadIdx.x] = D_h;
+  }
   cp_async_commit();
   cp_async_wait<0>();
   // The fold count (stochastic rounding's Philox counter) through shared memory, so that it has been read
@@ -378,7 +392,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   int arrived = 0;
   if (threadIdx.x == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
 
-  // ---- Block scalars: B_j . C_t (a warp per j) and the decays (a thread per head).
+  // ---- Block scalars: B_j . C_t (a warp per j) and the decays (a thread per (head, j), each forming the sums
+  // replay_decays forms, in its order: the same values as the CPU's, without a serial chain of w exponentials).
   const bool fold = is_fold_step(w, L);
   for (int j = warp; j <= w; j += Layout::kWarps) {
     float acc = 0.f;
@@ -386,12 +401,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     acc = group_sum<32>(acc);
     if (lane == 0) bc[j] = acc;
   }
-  if (threadIdx.x < nheads_block) {
-    const int hl = threadIdx.x;
-    auto dt_at = [&](int j) { return j < w ? dts[hl * L + j] : dtt[hl]; };
-    float* w_row = wdt + hl * L;
-    decay[hl] = replay_decays(dt_at, w, p.A[h0 + hl], w_row);
-    for (int j = 0; j <= w; ++j) w_row[j] *= dt_at(j);
+  for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
+    const int hl = idx / (w + 1), j = idx % (w + 1);
+    auto dt_at = [&](int k) { return k < w ? dts[hl * L + k] : dtt[hl]; };
+    const float A = p.A[h0 + hl];
+    float suffix = 0.f;
+    for (int k = w; k > j; --k) suffix += dt_at(k);
+    wdt[hl * L + j] = expf(A * suffix) * dt_at(j);
+    if (j == 0) decay[hl] = expf(A * (suffix + dt_at(0)));
   }
   float Cv[kCols];  // this lane's columns of C_t
 #pragma unroll
@@ -548,7 +565,7 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
   if (forced_rows > 0) rows = forced_rows;
   rows = std::max<int64_t>(Layout::kRowsPerIter, (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
   int rows_per_block = static_cast<int>(std::min<int64_t>({rows, group_rows, forced_rows > 0 ? int64_t(1) << 20 : 256,
-                                                          int64_t(kThreads) * p.headdim}));
+                                                          int64_t(kThreads - 1) * p.headdim}));  // <= kThreads heads
   auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
   auto smem_for = [&](int r) {
     return size_t(ReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kN, c.ring_len, heads_for(r)).total);
