@@ -201,3 +201,56 @@ def test_opcheck_and_bad_inputs():
         replayssm.gdn_step(torch.randn(3, HV, V, K), **tok, A_log=layer.A_log.double(), slot_ids=ids)
     with pytest.raises(IndexError, match=r"slot_ids\[0\] = 5 is out of range"):
         replayssm.gdn_replay_step(cache, **tok, A_log=layer.A_log, slot_ids=torch.tensor([5, 0], dtype=torch.int32))
+
+
+def load_fla():
+    """fla's Triton kernels (an optional test dependency: third_party/get_baselines.sh fetches them)."""
+    import os
+    import sys
+    path = os.path.join(os.path.dirname(__file__), "..", "third_party", ".cache", "fla")
+    sys.path.insert(0, os.path.abspath(path))
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except Exception:  # noqa: BLE001 (absent, or not importable on this machine)
+        return None
+    return fused_recurrent_gated_delta_rule, chunk_gated_delta_rule
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_kernels_match_fla():
+    """gdn_step over T tokens, and gdn_replay_verify over the same T tokens at once, against fla's fused recurrent
+    and chunked kernels on the same bf16 inputs (g and beta formed outside, as the model does): the same outputs
+    to bf16 accuracy and the same final state to fp32 accuracy (fla's chunked form rounds more)."""
+    fla = load_fla()
+    if fla is None:
+        pytest.skip("fla is not available (third_party/get_baselines.sh fetches it)")
+    fused, chunk = fla
+    gen = make_gen()
+    B, T, HV, H, K, V = 3, 8, 8, 4, 128, 128
+    rnd = lambda *s: torch.randn(*s, generator=gen).to("cuda", torch.bfloat16)
+    q, k, v, a, b = rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, HV, V), rnd(B, T, HV), rnd(B, T, HV)
+    A_log = (torch.rand(HV, generator=gen) * math.log(16.0)).cuda()
+    dt_bias = (torch.rand(HV, generator=gen) - 4.0).cuda()
+    init = (torch.randn(B, HV, V, K, generator=gen) * 0.1).cuda()
+    g = -torch.exp(A_log) * torch.nn.functional.softplus(a.float() + dt_bias)
+    beta = torch.sigmoid(b.float())
+    slots = torch.arange(B, dtype=torch.int32, device="cuda")
+
+    state = init.clone()
+    ours = torch.stack([replayssm.gdn_step(state, q[:, t], k[:, t], v[:, t], a[:, t], b[:, t], A_log, slot_ids=slots,
+                                           dt_bias=dt_bias) for t in range(T)], 1)
+    o_fr, s_fr = fused(q, k, v, g=g, beta=beta, initial_state=init.clone(), output_final_state=True,
+                       use_qk_l2norm_in_kernel=True, state_v_first=True)
+    assert rel_err(ours, o_fr.double()) < 2e-2
+    assert rel_err(state, s_fr.double()) < 1e-4
+    ratio = HV // H
+    o_ch, s_ch = chunk(q.repeat_interleave(ratio, 2), k.repeat_interleave(ratio, 2), v, g=g, beta=beta,
+                       initial_state=init.clone(), output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True)
+    assert rel_err(ours, o_ch.double()) < 2e-2
+    assert rel_err(state, s_ch.double()) < 1e-2
+
+    cache = GdnReplayCache.allocate(B, HV, H, K, V, ring_len=T + 4, device="cuda")
+    cache.reset(slots, init)
+    o_v = replayssm.gdn_replay_verify(cache, q, k, v, a, b, A_log, slot_ids=slots, dt_bias=dt_bias)
+    assert rel_err(o_v, o_fr.double()) < 2e-2
