@@ -55,7 +55,8 @@ TORCH_LIBRARY(replayssm, m) {
   m.def(
       "gdn_replay_step(Tensor(a!) checkpoint, Tensor(b!) ring_u, Tensor(c!) ring_k, Tensor(d!) ring_g, Tensor(e!) cursor, "
       "Tensor(f!) arrivals, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor? dt_bias, bool l2norm, "
-      "float scale, Tensor slot_ids, Tensor(g!) out) -> ()");
+      "float scale, Tensor slot_ids, Tensor(g!) out, Tensor(h!)? view=None, Tensor? sr_seed=None, "
+      "Tensor(i!)? fold_count=None) -> ()");
   // Speculative verification of T tokens per row (q: (batch, T, H, K)); commit with mamba2_replay_commit.
   m.def(
       "gdn_replay_verify(Tensor(a!) checkpoint, Tensor(b!) ring_u, Tensor(c!) ring_k, Tensor(d!) ring_g, Tensor(e!) cursor, "

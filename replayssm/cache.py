@@ -25,6 +25,23 @@ MAX_RING_LEN = 64
 DEFAULT_RING_LEN = 16
 
 
+def split_tensors(num_slots, state_shape, checkpoint_dtype, output_view, rounding, seed, device):
+    """The numerical split's cache tensors (both layer kinds): the bf16 view of the checkpoint (or None), and
+    for stochastic rounding the per-slot Philox seeds and fold counters (or None, None)."""
+    if output_view not in (None, torch.bfloat16):
+        raise ValueError(f"output_view must be None or torch.bfloat16, got {output_view}")
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    if rounding == "stochastic" and checkpoint_dtype == torch.float32:
+        raise ValueError("stochastic rounding needs a bf16 or fp16 checkpoint_dtype")
+    view = None if output_view is None else torch.zeros(num_slots, *state_shape, dtype=output_view, device=device)
+    if rounding != "stochastic":
+        return view, None, None
+    # Seeds of distinct slots differ: a 64-bit mix of (seed, slot).
+    sr_seed = (torch.arange(num_slots, dtype=torch.int64) * -7046029254386353131 + seed).to(device)
+    return view, sr_seed, torch.zeros(num_slots, dtype=torch.int32, device=device)
+
+
 @dataclass
 class Mamba2ReplayCache:
     checkpoint: torch.Tensor
@@ -61,21 +78,16 @@ class Mamba2ReplayCache:
         """A cache of ``num_slots`` empty slots (zero checkpoints, empty rings).
 
         output_view=torch.bfloat16 keeps a bf16 copy of the checkpoint that every replay step reads for its
-        output instead of the master; the master is then touched only at folds (CPU only for now).
+        output instead of the master; the master is then touched only at folds (on CUDA: of an fp32 checkpoint).
         rounding="stochastic" (bf16/fp16 checkpoint) rounds the checkpoint at folds stochastically with Philox,
-        seeded per slot from ``seed``: reproducible, unbiased (CPU only for now)."""
+        seeded per slot from ``seed``: reproducible, unbiased, the same on the CPU and the GPU."""
         if not MIN_RING_LEN <= ring_len <= MAX_RING_LEN:
             raise ValueError(f"ring_len must be in [{MIN_RING_LEN}, {MAX_RING_LEN}], got {ring_len}")
         if nheads % ngroups:
             raise ValueError(f"nheads ({nheads}) must be a multiple of ngroups ({ngroups})")
-        if output_view not in (None, torch.bfloat16):
-            raise ValueError(f"output_view must be None or torch.bfloat16, got {output_view}")
-        if rounding not in ("nearest", "stochastic"):
-            raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
-        if rounding == "stochastic" and checkpoint_dtype == torch.float32:
-            raise ValueError("stochastic rounding needs a bf16 or fp16 checkpoint_dtype")
+        view, sr_seed, fold_count = split_tensors(num_slots, (nheads, headdim, dstate), checkpoint_dtype, output_view,
+                                                  rounding, seed, device)
         kw = dict(device=device)
-        stochastic = rounding == "stochastic"
         return cls(
             checkpoint=torch.zeros(num_slots, nheads, headdim, dstate, dtype=checkpoint_dtype, **kw),
             # Rings are filled before they are read (the cursor says how far); zeros keep them finite anyway.
@@ -84,10 +96,9 @@ class Mamba2ReplayCache:
             ring_dt=torch.zeros(num_slots, ring_len, nheads, dtype=torch.float32, **kw),
             cursor=torch.zeros(num_slots, dtype=torch.int32, **kw),
             arrivals=torch.zeros(num_slots, dtype=torch.int32, **kw),
-            view=None if output_view is None else torch.zeros(num_slots, nheads, headdim, dstate, dtype=output_view, **kw),
-            # Seeds of distinct slots differ: a 64-bit mix of (seed, slot).
-            sr_seed=(torch.arange(num_slots, dtype=torch.int64) * -7046029254386353131 + seed).to(device) if stochastic else None,
-            fold_count=torch.zeros(num_slots, dtype=torch.int32, **kw) if stochastic else None,
+            view=view,
+            sr_seed=sr_seed,
+            fold_count=fold_count,
             pending=torch.zeros(num_slots, dtype=torch.int32, **kw),
         )
 
@@ -161,16 +172,25 @@ class GdnReplayCache:
     cursor: torch.Tensor
     arrivals: torch.Tensor
     pending: Optional[torch.Tensor] = None  # tokens of the last verify not yet committed, per slot
+    # The numerical split, as for Mamba-2 (CPU only for GDN so far). The view serves S_c k as well as S_c q, so
+    # for GDN its rounding reaches the corrections u (and through them the state): bench/accuracy measures it.
+    view: Optional[torch.Tensor] = None
+    sr_seed: Optional[torch.Tensor] = None
+    fold_count: Optional[torch.Tensor] = None
 
     @classmethod
     def allocate(cls, num_slots: int, nheads: int, nkheads: int, kdim: int, vdim: int, *, ring_len: int = DEFAULT_RING_LEN,
-                 checkpoint_dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> "GdnReplayCache":
+                 checkpoint_dtype: torch.dtype = torch.float32, output_view: Optional[torch.dtype] = None,
+                 rounding: str = "nearest", seed: int = 0, device: torch.device | str = "cpu") -> "GdnReplayCache":
+        """Options as :meth:`Mamba2ReplayCache.allocate` (``output_view``, ``rounding``, ``seed``)."""
         if not MIN_RING_LEN <= ring_len <= MAX_RING_LEN:
             raise ValueError(f"ring_len must be in [{MIN_RING_LEN}, {MAX_RING_LEN}], got {ring_len}")
         if nheads % nkheads:
             raise ValueError(f"value heads ({nheads}) must be a multiple of key heads ({nkheads})")
+        view, sr_seed, fold_count = split_tensors(num_slots, (nheads, vdim, kdim), checkpoint_dtype, output_view, rounding,
+                                                  seed, device)
         kw = dict(device=device, dtype=torch.float32)
-        return cls(
+        return cls(view=view, sr_seed=sr_seed, fold_count=fold_count,
             checkpoint=torch.zeros(num_slots, nheads, vdim, kdim, dtype=checkpoint_dtype, device=device),
             ring_u=torch.zeros(num_slots, ring_len, nheads, vdim, **kw),
             ring_k=torch.zeros(num_slots, ring_len, nkheads, kdim, **kw),

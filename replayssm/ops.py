@@ -198,7 +198,8 @@ def gdn_replay_step(cache: GdnReplayCache, q, k, v, a, b, A_log, *, slot_ids, dt
         out = torch.empty_like(v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     torch.ops.replayssm.gdn_replay_step(cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor,
-                                        cache.arrivals, q, k, v, a, b, A_log, dt_bias, l2norm, float(scale), slot_ids, out)
+                                        cache.arrivals, q, k, v, a, b, A_log, dt_bias, l2norm, float(scale), slot_ids, out,
+                                        cache.view, cache.sr_seed, cache.fold_count)
     return out
 
 
@@ -208,6 +209,8 @@ def gdn_replay_verify(cache: GdnReplayCache, q, k, v, a, b, A_log, *, slot_ids, 
     outputs the sequential recurrence gives them, from the checkpoint and the ring; their corrections go into
     the ring (a forward substitution through the window). Cursor, early fold and commit
     (:func:`mamba2_replay_commit` works on any replay cache) as for Mamba-2."""
+    if cache.view is not None or cache.sr_seed is not None:
+        raise ValueError("gdn_replay_verify does not support caches with an output view or stochastic rounding yet")
     if out is None:
         out = torch.empty_like(v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -286,7 +289,7 @@ def _gdn_step_fake(state, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids
 
 @torch.library.register_fake("replayssm::gdn_replay_step")
 def _gdn_replay_step_fake(checkpoint, ring_u, ring_k, ring_g, cursor, arrivals, q, k, v, a, b, A_log, dt_bias, l2norm, scale,
-                          slot_ids, out):
+                          slot_ids, out, view=None, sr_seed=None, fold_count=None):
     return None
 
 

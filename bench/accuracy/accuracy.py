@@ -35,7 +35,7 @@ MODES = {  # name: (kind, state/checkpoint dtype, cache options)
     "replay_fp32_checkpoint": ("replay", torch.float32, {}),
     "replay_bf16_checkpoint_nearest": ("replay", torch.bfloat16, {}),
 }
-MAMBA2_SPLIT_MODES = {  # the numerical split (Mamba-2 only so far)
+SPLIT_MODES = {  # the numerical split (both layer kinds; GDN on the CPU only so far)
     "replay_bf16_checkpoint_stochastic": ("replay", torch.bfloat16, dict(rounding="stochastic", seed=1)),
     "replay_fp32_master_bf16_view": ("replay", torch.float32, dict(output_view=torch.bfloat16)),
 }
@@ -65,7 +65,7 @@ class Mamba2Layer:
     def zero_ref(self):
         return torch.zeros(1, self.H, self.P, self.N, dtype=torch.float64)
 
-    modes = {**MODES, **MAMBA2_SPLIT_MODES}
+    modes = {**MODES, **SPLIT_MODES}
 
     def make(self, kind, dtype, options):
         if kind == "standard":
@@ -105,13 +105,13 @@ class GdnLayer:
     def zero_ref(self):
         return torch.zeros(1, self.HV, self.V, self.K, dtype=torch.float64)
 
-    modes = MODES
+    modes = {**MODES, **SPLIT_MODES}  # the same split modes (CPU for GDN)
 
     def make(self, kind, dtype, options):
         if kind == "standard":
             return torch.zeros(1, self.HV, self.V, self.K, dtype=dtype, device=self.dev)
         return GdnReplayCache.allocate(1, self.HV, self.Hk, self.K, self.V, ring_len=self.ring_len, checkpoint_dtype=dtype,
-                                       device=self.dev)
+                                       device=self.dev, **options)
 
     def token(self, gen):
         return dict(q=bf16_valued(1, self.Hk, self.K, gen=gen), k=bf16_valued(1, self.Hk, self.K, gen=gen),

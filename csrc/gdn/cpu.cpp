@@ -9,6 +9,7 @@
 
 #include "../common/cpu_utils.h"
 #include "../common/math.h"
+#include "../common/rounding.h"
 #include "cpu.h"
 
 namespace replayssm {
@@ -99,6 +100,11 @@ struct SlotCache {
   float ckpt(int hv, int r, int n) const {
     return ld<ckpt_t>(c.checkpoint, slot * c.ckpt_slot_stride + hv * c.ckpt_head_stride + r * c.ckpt_row_stride + n);
   }
+  // What a replay token's products S_c k and S_c q read: the bf16 view when there is one, else the checkpoint.
+  float served(int hv, int r, int n) const {
+    return c.view ? ld<c10::BFloat16>(c.view, slot * c.view_slot_stride + hv * c.view_head_stride + r * c.view_row_stride + n)
+                  : ckpt(hv, r, n);
+  }
   float* u(int j, int hv) const { return c.ring_u + slot * c.ring_u_slot_stride + j * c.ring_u_pos_stride + hv * c.ring_u_head_stride; }
   float* k(int j, int h) const { return c.ring_k + slot * c.ring_k_slot_stride + j * c.ring_k_pos_stride + h * c.ring_k_head_stride; }
   float& g(int j, int hv) const { return c.ring_g[slot * c.ring_g_slot_stride + j * c.ring_g_pos_stride + hv]; }
@@ -138,7 +144,7 @@ void replay_token(const GdnTokenParams& p, const SlotCache<ckpt_t>& sc, int b, i
     for (int r = 0; r < V; ++r) {
       float Sk = 0.f, Sq = 0.f;
       for (int n = 0; n < K; ++n) {
-        const float s = sc.ckpt(hv, r, n);
+        const float s = sc.served(hv, r, n);
         Sk += s * k[n];
         Sq += s * q[n];
       }
@@ -157,8 +163,15 @@ void replay_token(const GdnTokenParams& p, const SlotCache<ckpt_t>& sc, int b, i
       for (int r = 0; r < V; ++r) {
         std::vector<float> row(K);
         for (int n = 0; n < K; ++n) row[n] = alpha * sc.state(w, hv, h, r, n, weight.data(), ckpt_decay) + u[r] * k[n];
-        for (int n = 0; n < K; ++n)
-          st<ckpt_t>(c.checkpoint, sc.slot * c.ckpt_slot_stride + hv * c.ckpt_head_stride + r * c.ckpt_row_stride + n, row[n]);
+        for (int n = 0; n < K; ++n) {
+          const int64_t index = (int64_t(hv) * V + r) * K + n;  // the element's Philox counter, as for Mamba-2
+          const float stored = c.sr_seed ? stochastic_round_to(c.ckpt_dtype, row[n],
+                                                               fold_random(uint64_t(c.sr_seed[sc.slot]), c.fold_count[sc.slot], index))
+                                         : row[n];
+          st<ckpt_t>(c.checkpoint, sc.slot * c.ckpt_slot_stride + hv * c.ckpt_head_stride + r * c.ckpt_row_stride + n, stored);
+          if (c.view)
+            st<c10::BFloat16>(c.view, sc.slot * c.view_slot_stride + hv * c.view_head_stride + r * c.view_row_stride + n, row[n]);
+        }
       }
     } else {
       for (int r = 0; r < V; ++r) sc.u(w, hv)[r] = u[r];
@@ -187,6 +200,7 @@ void replay_cpu(const GdnReplayParams& p, bool verify) {
         load_token<act_t>(p, b, 0, tok);
         const bool fold = is_fold_step(w, c.ring_len);
         replay_token<ckpt_t, act_t>(p, sc, b, 0, w, tok, fold, weight, kk, kq, u);
+        if (fold && c.fold_count) c.fold_count[slot] += 1;
         c.cursor[slot] = next_cursor(w, c.ring_len);
         continue;
       }

@@ -7,6 +7,7 @@
 
 #include "../common/checks.h"
 #include "../common/math.h"
+#include "../common/split.h"
 #include "cpu.h"
 
 #ifdef RSSM_WITH_CUDA
@@ -183,12 +184,14 @@ void gdn_step(Tensor state, const Tensor& q, const Tensor& k, const Tensor& v, c
 void gdn_replay(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, const Tensor& q, const Tensor& k,
                 const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log, const OptTensor& dt_bias, bool l2norm,
                 double scale, const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out, bool verify,
-                const OptTensor& pending = std::nullopt, const Tensor* arrivals = nullptr) {
+                const OptTensor& pending = std::nullopt, const Tensor* arrivals = nullptr, const OptTensor& view = std::nullopt,
+                const OptTensor& sr_seed = std::nullopt, const OptTensor& fold_count = std::nullopt) {
   GdnReplayParams p;
   TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, vdim, kdim), got ",
                     shape_str(checkpoint.sizes()));
   fill_gdn_token(p, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, out, checkpoint.size(0), verify);
   p.cache = fill_gdn_cache(checkpoint, ring_u, ring_k, ring_g, cursor, p.nheads, p.nkheads, p.kdim, p.vdim, q.device(), verify);
+  fill_split_params(p.cache, checkpoint, view, sr_seed, fold_count);
   if (arrivals) {
     check_device(*arrivals, "arrivals", q.device());
     TORCH_CHECK_VALUE(arrivals->is_contiguous(), "replayssm: arrivals must be contiguous");
@@ -226,11 +229,14 @@ void gdn_replay(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, 
 
 void gdn_replay_step(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, Tensor arrivals,
                      const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log,
-                     const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids, Tensor out) {
+                     const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids, Tensor out, const OptTensor& view,
+                     const OptTensor& sr_seed, const OptTensor& fold_count) {
   check_shape(arrivals, "arrivals", {checkpoint.size(0)});
   check_dtype(arrivals, "arrivals", at::kInt);
+  TORCH_CHECK_VALUE(!checkpoint.is_cuda() || (!view && !sr_seed && !fold_count),
+                    "replayssm: the GDN output view and stochastic rounding are CPU only for now (not in the CUDA kernels)");
   gdn_replay(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, std::nullopt,
-             out, false, std::nullopt, &arrivals);
+             out, false, std::nullopt, &arrivals, view, sr_seed, fold_count);
 }
 
 void gdn_replay_verify(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, const Tensor& q,

@@ -60,6 +60,13 @@ struct GdnReplayCacheParams {
   int* cursor = nullptr;
   int* arrivals = nullptr;
   int* pending = nullptr;  // (num_slots,) tokens of the last verify not yet committed, or null
+  // The numerical split (MATH.md), CPU only for now: a bf16 view of the checkpoint read by every replay step
+  // (for GDN it serves S k as well as S q, so its rounding reaches the corrections u that the ring keeps:
+  // measured in bench/accuracy), refreshed by folds; stochastic rounding of a narrow checkpoint at folds.
+  void* view = nullptr;  // (num_slots, HV, V, K) bf16, or null
+  int64_t view_slot_stride = 0, view_head_stride = 0, view_row_stride = 0;
+  const int64_t* sr_seed = nullptr;
+  int* fold_count = nullptr;
 };
 
 struct GdnReplayParams : GdnTokenParams {

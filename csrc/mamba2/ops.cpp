@@ -10,6 +10,7 @@
 #include "../common/checks.h"
 #include "../common/math.h"
 #include "../common/rounding.h"
+#include "../common/split.h"
 #include <ATen/Parallel.h>
 #include "cpu.h"
 
@@ -230,42 +231,6 @@ void mamba2_step(Tensor state, const Tensor& x, const Tensor& dt, const Tensor& 
   RSSM_RUN(x.device(), p, mamba2_step);
 }
 
-// The numerical split's optional cache tensors: a bf16 view of the checkpoint, per-slot seeds for stochastic
-// rounding at folds, and the per-slot fold counter that Philox counts with.
-void fill_split_params(Mamba2ReplayCacheParams& c, const Tensor& checkpoint, const OptTensor& view, const OptTensor& sr_seed,
-                       const OptTensor& fold_count) {
-  const int64_t slots = checkpoint.size(0);
-  if (view) {
-    check_shape(*view, "view", {slots, checkpoint.size(1), checkpoint.size(2), checkpoint.size(3)});
-    check_dtype(*view, "view", at::kBFloat16);
-    check_device(*view, "view", checkpoint.device());
-    check_inner_contiguous(*view, "view");
-    c.view = view->data_ptr();
-    c.view_slot_stride = view->stride(0);
-    c.view_head_stride = view->stride(1);
-    c.view_row_stride = view->stride(2);
-  }
-  if (sr_seed) {
-    TORCH_CHECK_VALUE(c.ckpt_dtype != DType::kFloat32, "replayssm: stochastic rounding (sr_seed) needs a bf16 or fp16 checkpoint");
-    TORCH_CHECK_VALUE(fold_count.has_value(), "replayssm: stochastic rounding (sr_seed) needs fold_count, its counter");
-    check_shape(*sr_seed, "sr_seed", {slots});
-    check_dtype(*sr_seed, "sr_seed", at::kLong);
-    check_device(*sr_seed, "sr_seed", checkpoint.device());
-    TORCH_CHECK_VALUE(sr_seed->is_contiguous(), "replayssm: sr_seed must be contiguous");
-    c.sr_seed = sr_seed->data_ptr<int64_t>();
-  }
-  if (fold_count) {
-    check_shape(*fold_count, "fold_count", {slots});
-    check_dtype(*fold_count, "fold_count", at::kInt);
-    check_device(*fold_count, "fold_count", checkpoint.device());
-    TORCH_CHECK_VALUE(fold_count->is_contiguous(), "replayssm: fold_count must be contiguous");
-    c.fold_count = fold_count->data_ptr<int>();
-  }
-  if (checkpoint.is_cuda() && view) {
-    TORCH_CHECK_VALUE(c.ckpt_dtype == DType::kFloat32, "replayssm: on CUDA the output view must be of an fp32 checkpoint");
-    check_vector_aligned(*view, "view");
-  }
-}
 
 void mamba2_replay_step(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor ring_dt, Tensor cursor, Tensor arrivals,
                         const Tensor& x, const Tensor& dt, const Tensor& A, const Tensor& B, const Tensor& C,
@@ -279,6 +244,10 @@ void mamba2_replay_step(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor 
   p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, &arrivals, p.nheads, p.headdim, p.ngroups,
                               p.dstate, x.scalar_type(), x.device(), /*cursor_may_be_full=*/false);
   fill_split_params(p.cache, checkpoint, view, sr_seed, fold_count);
+  if (checkpoint.is_cuda() && view) {
+    TORCH_CHECK_VALUE(p.cache.ckpt_dtype == DType::kFloat32, "replayssm: on CUDA the output view must be of an fp32 checkpoint");
+    check_vector_aligned(*view, "view");
+  }
   if (p.batch == 0) return;
   RSSM_RUN(x.device(), p, mamba2_replay_step);
 }
