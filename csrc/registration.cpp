@@ -33,7 +33,8 @@ TORCH_LIBRARY(replayssm, m) {
       "mamba2_replay_verify(Tensor(a!) checkpoint, Tensor(b!) ring_x, Tensor(c!) ring_B, Tensor(d!) ring_dt, "
       "Tensor(e!) cursor, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, "
       "bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor? num_tokens, Tensor(f!) out, "
-      "Tensor(g!)? pending=None, Tensor(h!)? arrivals=None) -> ()");
+      "Tensor(g!)? pending=None, Tensor(h!)? arrivals=None, Tensor(i!)? view=None, Tensor? sr_seed=None, "
+      "Tensor(j!)? fold_count=None) -> ()");
   // Accept tokens of the last verify: cursor[slot] += accepted (rejected ones are overwritten later). With
   // `pending` (the window sizes verify recorded), accepted counts beyond the window are an error (CPU) or
   // clamped (GPU). Works for any replay cache (Mamba-2 or GDN).

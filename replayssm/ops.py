@@ -129,7 +129,7 @@ def mamba2_replay_verify(
     dt_limit: Tuple[float, float] = DT_LIMIT_NONE,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Speculative verification (CPU and CUDA). For each row, T tentative tokens
+    """Speculative verification (CPU and CUDA; caches with the numerical split: CPU only so far). For each row, T tentative tokens
     x (b, T, H, P), dt (b, T, H), B and C (b, T, G, N), z (b, T, H, P) get the outputs the sequential
     recurrence would give them after the slot's committed tokens, computed from the checkpoint and the ring:
     no intermediate state is formed. ``num_tokens`` (b,) int32 in 1..T gives rows fewer tokens (the rest of
@@ -138,15 +138,12 @@ def mamba2_replay_verify(
     (cursor + T > ring_len), the committed history is folded first (checkpoint <- state at the cursor,
     cursor <- 0), so a cache for speculation is sized ring_len = history + window.
     """
-    if cache.view is not None or cache.sr_seed is not None:
-        # Its early fold would round to nearest and leave the view stale: not supported until verify folds
-        # through the same routine as the step.
-        raise ValueError("mamba2_replay_verify does not support caches with an output view or stochastic rounding yet")
     if out is None:
         out = torch.empty_like(x)
     torch.ops.replayssm.mamba2_replay_verify(
         cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, x, dt, A, B, C, D, z, dt_bias,
         dt_softplus, float(dt_limit[0]), float(dt_limit[1]), slot_ids, num_tokens, out, cache.pending, cache.arrivals,
+        cache.view, cache.sr_seed, cache.fold_count,
     )
     return out
 
@@ -263,7 +260,7 @@ def _mamba2_replay_state_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, A, sl
 @torch.library.register_fake("replayssm::mamba2_replay_verify")
 def _mamba2_replay_verify_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                                dt_min, dt_max, slot_ids, num_tokens, out, pending=None,
-                               arrivals=None):
+                               arrivals=None, view=None, sr_seed=None, fold_count=None):
     return None
 
 

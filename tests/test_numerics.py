@@ -100,12 +100,41 @@ def test_stochastic_round_never_creates_infinities(dtype, big):
     assert torch.isfinite(r.float()).all()
 
 
-def test_verify_rejects_caches_with_the_numerical_split():
-    cache = Mamba2ReplayCache.allocate(2, 4, 8, 2, 32, output_view=torch.bfloat16)
-    x = torch.randn(1, 2, 4, 8)
-    with pytest.raises(ValueError, match="output view or stochastic rounding"):
-        replayssm.mamba2_replay_verify(cache, x, torch.randn(1, 2, 4), -torch.ones(4), torch.randn(1, 2, 2, 32),
-                                       torch.randn(1, 2, 2, 32), slot_ids=torch.tensor([0], dtype=torch.int32))
+def verify_run(cache, layer, steps, seed, T=3):
+    """verify + commit over `steps` windows of T tokens (random accepted counts) on slots [1, 0]."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.tensor([1, 0], dtype=torch.int32)
+    outs = []
+    for _ in range(steps):
+        toks = [layer.token(2, torch.float32, gen) for _ in range(T)]
+        tok = {k: torch.stack([t[k] for t in toks], 1) for k in toks[0]}
+        outs.append(replayssm.mamba2_replay_verify(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"],
+                                                   slot_ids=ids, **layer.kwargs()))
+        replayssm.mamba2_replay_commit(cache, ids, torch.randint(1, T + 1, (2,), generator=gen, dtype=torch.int32))
+    return torch.stack(outs)
+
+
+def test_verify_with_the_numerical_split():
+    """Speculative verification on split caches (CPU): with a bf16 view the master checkpoint is byte for byte
+    the plain cache's (early folds read and write the master; the view serves outputs only) and the outputs
+    differ by the view's rounding only; the view is the master's rounding after each fold. With stochastic
+    rounding, early folds round reproducibly per seed and count themselves."""
+    layer = Layer(4, 8, 2, 32, "cpu", make_gen())
+    L, steps, seed = 6, 15, torch.randint(0, 2**31 - 1, ()).item()
+    init = torch.randn(2, 4, 8, 32, generator=make_gen())
+    make = lambda **kw: Mamba2ReplayCache.allocate(2, 4, 8, 2, 32, ring_len=L, act_dtype=torch.float32, **kw)
+    plain, viewed = make(), make(output_view=torch.bfloat16)
+    a, b = (make(checkpoint_dtype=torch.bfloat16, rounding="stochastic", seed=s) for s in (3, 3))
+    c = make(checkpoint_dtype=torch.bfloat16, rounding="stochastic", seed=4)
+    outs = {}
+    for name, cache in dict(plain=plain, viewed=viewed, a=a, b=b, c=c).items():
+        cache.reset(torch.tensor([0, 1]), init)
+        outs[name] = verify_run(cache, layer, steps, seed)
+    assert torch.equal(plain.checkpoint, viewed.checkpoint) and not torch.equal(plain.checkpoint, init)
+    assert torch.equal(viewed.view, viewed.checkpoint.to(torch.bfloat16))
+    assert 0 < rel_err(outs["viewed"], outs["plain"].double()) < 4 * 2.0**-8
+    assert torch.equal(a.checkpoint, b.checkpoint) and not torch.equal(a.checkpoint, c.checkpoint)
+    assert a.fold_count.min() > 0 and torch.equal(a.fold_count, b.fold_count)
 
 
 @pytest.mark.cuda

@@ -186,10 +186,18 @@ void replay_verify_cpu(const Mamba2ReplayVerifyParams& p) {
           for (int i = 0; i < p.headdim; ++i) {
             for (int n = 0; n < p.dstate; ++n)
               folded[n] = state_element<ckpt_t, act_t>(c, slot, w, h, h / heads_per_group, i, n, weight.data(), ckpt_decay);
-            for (int n = 0; n < p.dstate; ++n)
-              st<ckpt_t>(c.checkpoint, slot * c.ckpt_slot_stride + h * c.ckpt_head_stride + i * c.ckpt_row_stride + n, folded[n]);
+            for (int n = 0; n < p.dstate; ++n) {  // stored as a step's fold stores it (rounding, view)
+              const int64_t index = (int64_t(h) * p.headdim + i) * p.dstate + n;
+              const float stored = c.sr_seed ? stochastic_round_to(c.ckpt_dtype, folded[n],
+                                                                   fold_random(uint64_t(c.sr_seed[slot]), c.fold_count[slot], index))
+                                             : folded[n];
+              st<ckpt_t>(c.checkpoint, slot * c.ckpt_slot_stride + h * c.ckpt_head_stride + i * c.ckpt_row_stride + n, stored);
+              if (c.view)
+                st<c10::BFloat16>(c.view, slot * c.view_slot_stride + h * c.view_head_stride + i * c.view_row_stride + n, folded[n]);
+            }
           }
         }
+        if (c.fold_count) c.fold_count[slot] += 1;
         w = 0;
         c.cursor[slot] = 0;
       }
@@ -223,8 +231,10 @@ void replay_verify_cpu(const Mamba2ReplayVerifyParams& p) {
             const float ckpt_decay = ring_decays(c, slot, t + 1, h, p.A[h], weight.data());
             for (int i = 0; i < p.headdim; ++i) {
               const int64_t row = slot * c.ckpt_slot_stride + h * c.ckpt_head_stride + i * c.ckpt_row_stride;
-              float sc = 0.f;
-              for (int n = 0; n < p.dstate; ++n) sc += ld<ckpt_t>(c.checkpoint, row + n) * ld<act_t>(p.C, Co + n);
+              const int64_t vrow = slot * c.view_slot_stride + h * c.view_head_stride + i * c.view_row_stride;
+              float sc = 0.f;  // from the bf16 view when there is one, as the step's outputs
+              for (int n = 0; n < p.dstate; ++n)
+                sc += (c.view ? ld<c10::BFloat16>(c.view, vrow + n) : ld<ckpt_t>(c.checkpoint, row + n)) * ld<act_t>(p.C, Co + n);
               float y = ckpt_decay * sc;
               for (int j = 0; j <= t; ++j)
                 y += weight[j] * c.ring_dt[slot * c.ring_dt_slot_stride + j * c.ring_dt_pos_stride + h] * bc[j] *

@@ -296,7 +296,7 @@ void mamba2_replay_verify(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tenso
                           const Tensor& dt, const Tensor& A, const Tensor& B, const Tensor& C, const OptTensor& D,
                           const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus, double dt_min, double dt_max,
                           const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out, const OptTensor& pending,
-                          const OptTensor& arrivals) {
+                          const OptTensor& arrivals, const OptTensor& view, const OptTensor& sr_seed, const OptTensor& fold_count) {
   TORCH_CHECK_VALUE(x.dim() == 4, "replayssm: x must have shape (batch, T, nheads, headdim), got ", shape_str(x.sizes()));
   TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, headdim, dstate), got ",
                     shape_str(checkpoint.sizes()));
@@ -319,6 +319,9 @@ void mamba2_replay_verify(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tenso
   TORCH_CHECK_VALUE(T <= p.cache.ring_len, "replayssm: a window of T = ", T, " tokens does not fit a ring of ",
                     p.cache.ring_len, " (ring_len = history + window)");
   p.cache.pending = pending_ptr(pending, cursor);
+  fill_split_params(p.cache, checkpoint, view, sr_seed, fold_count);
+  TORCH_CHECK_VALUE(!x.is_cuda() || (!view && !sr_seed && !fold_count),
+                    "replayssm: the output view and stochastic rounding are not in the CUDA verify kernel yet (CPU only)");
   p.ntokens = static_cast<int>(T);
   p.x_token_stride = x.stride(1);
   p.dt_token_stride = dt.stride(1);
