@@ -129,7 +129,8 @@ def mamba2_replay_verify(
     dt_limit: Tuple[float, float] = DT_LIMIT_NONE,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Speculative verification (CPU and CUDA; caches with the numerical split: CPU only so far). For each row, T tentative tokens
+    """Speculative verification (CPU and CUDA; caches with the numerical split: CPU only so far). For each row,
+    T tentative tokens
     x (b, T, H, P), dt (b, T, H), B and C (b, T, G, N), z (b, T, H, P) get the outputs the sequential
     recurrence would give them after the slot's committed tokens, computed from the checkpoint and the ring:
     no intermediate state is formed. ``num_tokens`` (b,) int32 in 1..T gives rows fewer tokens (the rest of
@@ -162,7 +163,7 @@ def causal_conv1d_verify(cache: ConvCache, x: torch.Tensor, weight: torch.Tensor
     """Depthwise causal convolution of T tentative inputs x (b, T, dim) per row, from each slot's conv state:
     out[b, k] = act(sum_w weight[:, w] * seq[k + w] + bias) over seq = [state, x[b]]. The state is not
     touched; the inputs are kept in ``cache.conv_window`` for :func:`causal_conv1d_commit`. weight (dim, W) and
-    bias (dim,) fp32; x, out in the cache's dtype. CPU now (the CUDA kernel is a later issue)."""
+    bias (dim,) fp32; x, out in the cache's dtype. CPU and CUDA."""
     if out is None:
         out = torch.empty_like(x)
     torch.ops.replayssm.causal_conv1d_verify(cache.conv_state, cache.conv_window, x, weight, bias, silu, slot_ids, out)
