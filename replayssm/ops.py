@@ -130,8 +130,7 @@ def mamba2_replay_verify(
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Speculative verification (CPU and CUDA; caches with the numerical split: CPU only so far). For each row,
-    T tentative tokens
-    x (b, T, H, P), dt (b, T, H), B and C (b, T, G, N), z (b, T, H, P) get the outputs the sequential
+    T tentative tokens x (b, T, H, P), dt (b, T, H), B and C (b, T, G, N), z (b, T, H, P) get the outputs the sequential
     recurrence would give them after the slot's committed tokens, computed from the checkpoint and the ring:
     no intermediate state is formed. ``num_tokens`` (b,) int32 in 1..T gives rows fewer tokens (the rest of
     their x/out is ignored/untouched). The tokens are written into the ring after the cursor, which does not
