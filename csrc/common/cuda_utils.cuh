@@ -77,6 +77,14 @@ inline int num_sms() {
   return count;
 }
 
+// The current device's opt-in shared-memory limit per block (what cudaFuncSetAttribute may raise a kernel to).
+inline int max_smem_per_block() {
+  int device = 0, bytes = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  return bytes;
+}
+
 // Launch-configuration overrides for benchmarking alternatives in one run (bench/): REPLAYSSM_TUNE holds
 // "key=value,..." pairs; the value of `key`, or -1 when it is not set. Read at each launch (cheap next to
 // the dispatcher; graphs capture the configuration in force when they were captured). Not for production

@@ -79,13 +79,7 @@ __global__ void __launch_bounds__(kThreads) gdn_step_kernel(const GdnStepParams 
     const bool valid = r < p.vdim;
     state_t* row = S + int64_t(valid ? r : 0) * p.state_row_stride;
     float s[kCols];
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      float part[Layout::kVec];
-      if (valid) load16_stream(row + Layout::col(lane_in_row, v, 0), part);
-#pragma unroll
-      for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = valid ? part[e] : 0.f;
-    }
+    Layout::load_row(row, lane_in_row, valid, s);
     const float vr = valid ? to_float(vin[r]) : 0.f;
     float Sk = 0.f;
 #pragma unroll
@@ -100,9 +94,7 @@ __global__ void __launch_bounds__(kThreads) gdn_step_kernel(const GdnStepParams 
     }
     o = group_sum<kLanes>(o);
     if (valid) {
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-        store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+      Layout::store_row(row, lane_in_row, s);
       if (lane_in_row == 0) out[r] = from_float<act_t>(o);
     }
   }
@@ -193,13 +185,7 @@ __global__ void __launch_bounds__(kThreads) gdn_replay_step_kernel(const GdnRepl
     const int rr = valid ? r : 0;
     ckpt_t* row = S + int64_t(rr) * c.ckpt_row_stride;
     float s[kCols];
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      float part[Layout::kVec];
-      if (valid) load16_stream(row + Layout::col(lane_in_row, v, 0), part);
-#pragma unroll
-      for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = valid ? part[e] : 0.f;
-    }
+    Layout::load_row(row, lane_in_row, valid, s);
     float Sk = 0.f, Sq = 0.f;
 #pragma unroll
     for (int col = 0; col < kCols; ++col) Sk = fmaf(s[col], kv[col], Sk), Sq = fmaf(s[col], qv[col], Sq);
@@ -219,18 +205,11 @@ __global__ void __launch_bounds__(kThreads) gdn_replay_step_kernel(const GdnRepl
       for (int col = 0; col < kCols; ++col) s[col] *= ckpt_decay;
       for (int j = 0; j < w; ++j) {
         const float wu = weight[j] * ru[j * V + rr];
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-          for (int e = 0; e < Layout::kVec; ++e)
-            s[v * Layout::kVec + e] = fmaf(wu, rk[j * kK + Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
+        Layout::axpy(wu, rk + j * kK, lane_in_row, s);
       }
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] = alpha * s[col] + u * kv[col];
-      if (valid)
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-          store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+      if (valid) Layout::store_row(row, lane_in_row, s);
     }
   }
   if (!fold) {
@@ -361,30 +340,17 @@ __global__ void __launch_bounds__(kThreads) gdn_replay_verify_kernel(const GdnRe
     const int rr = valid ? r : 0;
     ckpt_t* row = S + int64_t(rr) * c.ckpt_row_stride;
     float s[kCols];
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      float part[Layout::kVec];
-      if (valid) load16_stream(row + Layout::col(lane_in_row, v, 0), part);
-#pragma unroll
-      for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = valid ? part[e] : 0.f;
-    }
+    Layout::load_row(row, lane_in_row, valid, s);
     if (early) {  // checkpoint <- state at the cursor, stored as the checkpoint stores it
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= misc[0];
       for (int j = 0; j < w0; ++j) {
         const float wu = wf[j] * ru[j * V + rr];
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-          for (int e = 0; e < Layout::kVec; ++e)
-            s[v * Layout::kVec + e] = fmaf(wu, rk[j * kK + Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
+        Layout::axpy(wu, rk + j * kK, lane_in_row, s);
       }
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
-      if (valid)
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-          store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+      if (valid) Layout::store_row(row, lane_in_row, s);
     }
     float u[kGdnMaxT];
 #pragma unroll
@@ -444,12 +410,7 @@ __global__ void __launch_bounds__(kThreads) gdn_replay_verify_kernel(const GdnRe
 
 // The device's opt-in shared-memory limit per block; a clear error when a shape needs more.
 inline void gdn_check_smem(int bytes, const GdnTokenParams& p, int ring_len, const char* op) {
-  static const int limit = [] {
-    int device = 0, v = 0;
-    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
-    return v;
-  }();
+  const int limit = max_smem_per_block();
   if (bytes > limit)
     throw std::invalid_argument(std::string("replayssm: ") + op + " needs " + std::to_string(bytes) +
                                 " bytes of shared memory for kdim " + std::to_string(p.kdim) + ", vdim " + std::to_string(p.vdim) +

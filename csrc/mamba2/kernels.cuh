@@ -32,6 +32,30 @@ struct RowLayout {
   // Column of element e of this lane's v-th vector: vectors of a row are interleaved across its lanes,
   // so one load instruction of a warp reads whole contiguous rows.
   __device__ static int col(int lane_in_row, int v, int e) { return (v * kLanesPerRow + lane_in_row) * kVec + e; }
+
+  // This lane's columns of a row (16-byte streaming loads; zeros when !valid), and their store back.
+  __device__ static void load_row(const state_t* row, int lane_in_row, bool valid, float (&s)[kColsPerLane]) {
+#pragma unroll
+    for (int v = 0; v < kVecsPerLane; ++v) {
+      float part[kVec];
+      if (valid) load16_stream(row + col(lane_in_row, v, 0), part);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = valid ? part[e] : 0.f;
+    }
+  }
+  __device__ static void store_row(state_t* row, int lane_in_row, const float (&s)[kColsPerLane]) {
+#pragma unroll
+    for (int v = 0; v < kVecsPerLane; ++v)
+      store16_stream(row + col(lane_in_row, v, 0), *reinterpret_cast<const float(*)[kVec]>(&s[v * kVec]));
+  }
+  // s[c] += a * x[column of c] over this lane's columns (x: a full row, any element type).
+  template <typename T>
+  __device__ static void axpy(float a, const T* x, int lane_in_row, float (&s)[kColsPerLane]) {
+#pragma unroll
+    for (int v = 0; v < kVecsPerLane; ++v)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = fmaf(a, to_float(x[col(lane_in_row, v, e)]), s[v * kVec + e]);
+  }
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -478,20 +502,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= dcy;
       for (int j = 0; j < w; ++j) {
-        const float coef = wdt_h[j] * to_float(xs[j * ts + rl]);
-        const act_t* Bj = Bring + j * kN;
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-          for (int e = 0; e < Layout::kVec; ++e)
-            s[v * Layout::kVec + e] = fmaf(coef, to_float(Bj[Layout::col(lane_in_row, v, e)]), s[v * Layout::kVec + e]);
+        Layout::axpy(wdt_h[j] * to_float(xs[j * ts + rl]), Bring + j * kN, lane_in_row, s);
       }
-      const float coef = wdt_h[w] * xt;
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-        for (int e = 0; e < Layout::kVec; ++e)
-          s[v * Layout::kVec + e] = fmaf(coef, Bt_s[Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
+      Layout::axpy(wdt_h[w] * xt, Bt_s, lane_in_row, s);
       if (valid) {
         ckpt_t* row = const_cast<ckpt_t*>(ckpt_row(q));
         if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
@@ -570,12 +583,7 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
   auto smem_for = [&](int r) {
     return size_t(ReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kN, c.ring_len, heads_for(r)).total);
   };
-  static const size_t smem_limit = [] {
-    int device = 0, bytes = 0;
-    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
-    return size_t(bytes);
-  }();
+  const size_t smem_limit = size_t(max_smem_per_block());
   while (smem_for(rows_per_block) > smem_limit && rows_per_block > Layout::kRowsPerIter)
     rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
   if (smem_for(rows_per_block) > smem_limit)

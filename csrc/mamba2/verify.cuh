@@ -174,30 +174,17 @@ __global__ void __launch_bounds__(kThreads)
     const int hl = valid ? r / p.headdim - head_begin : 0, i = r % p.headdim, h = h0 + hl;
     ckpt_t* row = ckpt + int64_t(h) * c.ckpt_head_stride + int64_t(i) * c.ckpt_row_stride;
     float s[kCols];
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      float part[Layout::kVec];
-      if (valid) load16_stream(row + Layout::col(lane_in_row, v, 0), part);
-#pragma unroll
-      for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = valid ? part[e] : 0.f;
-    }
+    Layout::load_row(row, lane_in_row, valid, s);
     if (early) {  // S_c <- exp(c_w) S_c + sum_{j<w} exp(c_w - c_j) dt_j x_j B_j, stored as the checkpoint stores it
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= decf[hl];
       for (int j = 0; j < w0; ++j) {
         const float coef = wf[hl * L + j] * to_float(xold[j * ts + rl]);
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-          for (int e = 0; e < Layout::kVec; ++e)
-            s[v * Layout::kVec + e] = fmaf(coef, Bold[j * kN + Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
+        Layout::axpy(coef, Bold + j * kN, lane_in_row, s);
       }
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
-      if (valid)
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-          store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+      if (valid) Layout::store_row(row, lane_in_row, s);
     }
     for (int k = 0; k < T; ++k) {
       const int t = base + k;
@@ -259,12 +246,7 @@ void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t
   int rows_per_block = static_cast<int>(std::min<int64_t>(rows, group_rows));
   auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
   auto smem_for = [&](int r) { return VerifySmem(sizeof(act_t), r, kN, p.cache.ring_len, p.ntokens, heads_for(r)).total; };
-  static const int device_smem = [] {
-    int device = 0, bytes = 0;
-    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
-    return bytes;
-  }();
+  const int device_smem = max_smem_per_block();
   while (smem_for(rows_per_block) > device_smem && rows_per_block > Layout::kRowsPerIter)
     rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
   if (smem_for(rows_per_block) > device_smem)
