@@ -47,7 +47,11 @@ def analytic_bytes(batch: int, L: int, state_bytes: int = 4, act_bytes: int = 2)
     standard = 2 * state + io
     replay_read = state + io + ring_token * (L - 1) / 2  # a step at cursor w reads w ring tokens
     replay_write = state / L + ring_token * (L - 1) / L  # one fold per cycle; other steps append a token
-    return {"standard": standard, "replay": replay_read + replay_write}
+    # The numerical split: every step streams the bf16 view; the fold also reads the fp32 master and writes
+    # master and view.
+    view_state = batch * H * P * N * 2
+    view = view_state + io + ring_token * (L - 1) / 2 + (2 * state + view_state) / L + ring_token * (L - 1) / L
+    return {"standard": standard, "replay": replay_read + replay_write, "replay_view": view}
 
 
 def make_inputs(batch, n_layers, L, gen, device="cuda"):
@@ -62,7 +66,8 @@ def make_inputs(batch, n_layers, L, gen, device="cuda"):
 # csrc/common/cuda_utils.cuh): the evidence behind the defaults.
 STEP_TUNES = ["step_unroll=1", "step_unroll=2", "step_unroll=8", "step_unroll=8,step_bps=2"]
 REPLAY_TUNES = ["replay_prefetch=0", "replay_prefetch=1", "replay_rows=128", "replay_rows=512", "replay_variant=1",
-                "replay_variant=2", "replay_variant=2,replay_rows=512"]
+                "replay_variant=2", "replay_variant=2,replay_rows=512", "replay_prologue=1", "replay_prologue=2",
+                "replay_prologue=3", "replay_variant=2,replay_prologue=3"]
 
 
 def timed_configs(fn, tunes) -> dict:
@@ -112,10 +117,20 @@ def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
     del pools
     torch.cuda.empty_cache()
 
+    for view in (None, torch.bfloat16):
+        replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, result, view, tune and view is None)
+    return result
+
+
+def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, result, view, tune):
+    """Times the replay step over a full cycle on fresh caches (with the bf16 output view when view is set)."""
+    name = "replay" if view is None else "replay_view"
     caches = []
     for _ in range(n_layers):
-        cache = Mamba2ReplayCache.allocate(batch, H, P, G, N, ring_len=L, act_dtype=ACT, device="cuda")
+        cache = Mamba2ReplayCache.allocate(batch, H, P, G, N, ring_len=L, act_dtype=ACT, output_view=view, device="cuda")
         cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device="cuda") * 0.1)
+        if cache.view is not None:
+            cache.view.copy_(cache.checkpoint)
         cache.cursor.copy_(torch.randint(0, L, (batch,), generator=gen, device="cuda", dtype=torch.int32))
         caches.append(cache)
 
@@ -125,14 +140,13 @@ def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
                 replayssm.mamba2_replay_step(cache, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots,
                                              out=t["out"], **kw)
     cursors_before = torch.stack([c.cursor.clone() for c in caches])
-    result["replay_us"] = common.time_graph(replay_cycle) / (L * n_layers)
+    result[f"{name}_us"] = common.time_graph(replay_cycle) / (L * n_layers)
     if tune:
         result["replay_tuning_us"] = {k: v / (L * n_layers) for k, v in timed_configs(replay_cycle, REPLAY_TUNES).items()}
     # Every replay of the cycle is L steps: cursors come back where they started, having gone all the way round.
     assert torch.equal(cursors_before, torch.stack([c.cursor for c in caches])), "cursors did not advance a full cycle"
     del caches
     torch.cuda.empty_cache()
-    return result
 
 
 def main():
@@ -157,6 +171,9 @@ def main():
         r["standard_frac_copy_bw"] = r["standard_floor_us"] / r["standard_us"]
         r["replay_vs_standard"] = r["standard_us"] / r["replay_us"]
         r["replay_over_floor"] = r["replay_us"] / r["replay_floor_us"]
+        r["replay_view_floor_us"] = nbytes["replay_view"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
+        r["replay_view_vs_standard"] = r["standard_us"] / r["replay_view_us"]
+        r["replay_view_over_floor"] = r["replay_view_us"] / r["replay_view_floor_us"]
         if "mamba_ssm_us" in r:
             r["mamba_ssm_TBps"] = nbytes["standard"] / r["mamba_ssm_us"] / 1e6
         rows.append(r)
@@ -169,6 +186,11 @@ def main():
         print(f"{r['batch']:>5} {r.get('mamba_ssm_us', float('nan')):>10.1f} {r['standard_us']:>8.1f} "
               f"{100 * r['standard_frac_copy_bw']:>7.1f}% {r['replay_us']:>8.1f} {r['replay_floor_us']:>7.1f} "
               f"{r['replay_over_floor']:>9.2f} {r['replay_vs_standard']:>7.2f}x")
+    print("with the bf16 output view (numerical split):")
+    print(f"{'batch':>5} {'view':>8} {'floor':>7} {'view/floor':>10} {'speedup':>8}")
+    for r in rows:
+        print(f"{r['batch']:>5} {r['replay_view_us']:>8.1f} {r['replay_view_floor_us']:>7.1f} "
+              f"{r['replay_view_over_floor']:>10.2f} {r['replay_view_vs_standard']:>7.2f}x")
     for r in rows:
         for kind in ("standard", "replay"):
             for tune, us in r.get(f"{kind}_tuning_us", {}).items():

@@ -24,6 +24,9 @@ def main():
     args = parser.parse_args()
     with open(args.csv, newline="") as f:
         lines = [line for line in f if line.strip() and not line.startswith("==")]
+    # Newer ncu versions put a "Kernel Name" line above the header: start at the header.
+    start = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), 0)
+    lines = lines[start:]
     rows = list(csv.DictReader(lines))
     if not rows:
         raise SystemExit("no rows in the CSV")
@@ -36,7 +39,8 @@ def main():
     total = sum(number(r[key]) for r in rows) or 1.0
     print(f"columns: {cols}\nsorted by {key!r} (total {total:.0f} samples)")
     for r in sorted(rows, key=lambda r: -number(r[key]))[: args.top]:
-        extra = " ".join(f"{c}={r[c]}" for c in samples[1:3])
+        reasons = sorted(((number(r[c]), c[6:]) for c in cols if c.startswith("stall_") and "Not Issued" not in c), reverse=True)
+        extra = " ".join(f"{name}={int(n)}" for n, name in reasons[:3] if n > 0)
         print(f"{100 * number(r[key]) / total:5.1f}%  {r.get('Address', ''):>8}  {r[source][:90]:<90}  {extra}")
 
 

@@ -58,11 +58,25 @@ def test_verify_commit_property_over_many_steps(device):
     equal the float64 sequential recurrence over the accepted tokens. Rows that fold on the first step (cursor
     at the ring's end), a row that joins late and never folds, and a pad row."""
     needs_verify_kernel(device)
+    verify_property(device, H=4, P=8, N=16, G=2, history=5, T=4, steps=120)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tune", ["verify_rows=32", "verify_rows=64", ""])
+def test_cuda_verify_launch_configurations(monkeypatch, tune):
+    """The verify kernel with several blocks per (slot, group), heads straddling blocks (P = 24), N = 128:
+    the same property as above."""
+    needs_verify_kernel("cuda")
+    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
+    verify_property("cuda", H=8, P=24, N=128, G=2, history=6, T=5, steps=50)
+
+
+def verify_property(device, H, P, N, G, history, T, steps):
     gen = make_gen()
-    H, P, N, G, history, T = 4, 8, 16, 2, 5, 4
     L = history + T
     layer = Layer(H, P, G, N, device, gen)
-    batch, num_slots, steps = 5, 7, 120
+    batch, num_slots = 5, 7
     slots = torch.randperm(num_slots, generator=gen)[:batch]
     cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=torch.float32, device=device)
     init = torch.randn(batch, H, P, N, generator=gen) * 0.5
@@ -132,7 +146,8 @@ def test_verify_commit_property_over_many_steps(device):
             got = replayssm.mamba2_replay_state(cache, layer.A, sl.to(device, torch.int32), positions=pos.to(device))
             want = torch.stack([since_fold[s][p] for s, p in zip(sl.tolist(), pos.tolist())])
             assert rel_err(got, want) < TOL
-    assert folds > 10
+    assert folds > steps // 12
+    assert (cache.arrivals == 0).all()
 
 
 def test_greedy_speculative_decoding_gives_the_tokens_of_plain_decoding(device):

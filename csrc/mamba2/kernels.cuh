@@ -269,7 +269,7 @@ __device__ __forceinline__ void copy_head_rows(T* dst, int dst_stride, const T* 
 template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     mamba2_replay_step_kernel(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
-                              const bool io_vec, const bool prefetch_ring) {
+                              const bool io_vec, const bool prefetch_ring, const int prologue_flags) {
   constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
   static_assert(!kView || std::is_same_v<ckpt_t, float>, "the output view is of an fp32 checkpoint");
   using Layout = RowLayout<src_t, kN, kThreads, 1, kLanesPerRow>;
@@ -370,12 +370,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   };
   if (prefetch_ring) load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
-  // This token's B, C, dt and D: every load issued before any is used (one memory trip, not one per kind).
+  // This token's B, C, dt and D. Default: every load issued before any is used (one memory trip, not one per
+  // kind). prologue_flags & 2 (REPLAYSSM_TUNE replay_prologue): the earlier form, each stored as it arrives.
   constexpr int kNPer = (kN + kThreads - 1) / kThreads;
   act_t Bv[kNPer], Cv_raw[kNPer];
-  {
-    const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
-    const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
+  const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
+  const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
+  const bool serial_loads = prologue_flags & 2;
+  if (serial_loads) {
+    for (int n = threadIdx.x; n < kN; n += kThreads) Bt_s[n] = to_float(Bt[n]), C_s[n] = to_float(Ct[n]);
+    for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads) {
+      const int h = h0 + hl;
+      dtt[hl] = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
+                           p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
+      Ds[hl] = p.D ? p.D[h] : 0.f;
+    }
+  } else {
 #pragma unroll
     for (int u = 0; u < kNPer; ++u) {
       const int n = threadIdx.x + u * kThreads;
@@ -383,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   float dt_raw = 0.f, dt_b = 0.f, D_h = 0.f;
-  if (threadIdx.x < nheads_block) {  // nheads_block <= kThreads (launcher)
+  if (!serial_loads && threadIdx.x < nheads_block) {  // nheads_block <= kThreads (launcher)
     const int h = h0 + threadIdx.x;
     dt_raw = to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]);
     dt_b = p.dt_bias ? p.dt_bias[h] : 0.f;
@@ -391,14 +401,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
   if (!prefetch_ring) load_ring(w);
+  if (!serial_loads) {
 #pragma unroll
-  for (int u = 0; u < kNPer; ++u) {
-    const int n = threadIdx.x + u * kThreads;
-    if (n < kN) Bt_s[n] = to_float(Bv[u]), C_s[n] = to_float(Cv_raw[u]);
-  }
-  if (threadIdx.x < nheads_block) {
-    dtt[threadIdx.x] = process_dt(dt_raw, dt_b, p.dt_softplus, p.dt_min, p.dt_max);
-    Ds[threadIdx.x] = D_h;
+    for (int u = 0; u < kNPer; ++u) {
+      const int n = threadIdx.x + u * kThreads;
+      if (n < kN) Bt_s[n] = to_float(Bv[u]), C_s[n] = to_float(Cv_raw[u]);
+    }
+    if (threadIdx.x < nheads_block) {
+      dtt[threadIdx.x] = process_dt(dt_raw, dt_b, p.dt_softplus, p.dt_min, p.dt_max);
+      Ds[threadIdx.x] = D_h;
+    }
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -425,14 +437,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     acc = group_sum<32>(acc);
     if (lane == 0) bc[j] = acc;
   }
-  for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
-    const int hl = idx / (w + 1), j = idx % (w + 1);
-    auto dt_at = [&](int k) { return k < w ? dts[hl * L + k] : dtt[hl]; };
-    const float A = p.A[h0 + hl];
-    float suffix = 0.f;
-    for (int k = w; k > j; --k) suffix += dt_at(k);
-    wdt[hl * L + j] = expf(A * suffix) * dt_at(j);
-    if (j == 0) decay[hl] = expf(A * (suffix + dt_at(0)));
+  if (prologue_flags & 1) {  // the earlier form: a thread per head, replay_decays' serial loop (same values)
+    if (threadIdx.x < nheads_block) {
+      const int hl = threadIdx.x;
+      auto dt_at = [&](int j) { return j < w ? dts[hl * L + j] : dtt[hl]; };
+      float* w_row = wdt + hl * L;
+      decay[hl] = replay_decays(dt_at, w, p.A[h0 + hl], w_row);
+      for (int j = 0; j <= w; ++j) w_row[j] *= dt_at(j);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
+      const int hl = idx / (w + 1), j = idx % (w + 1);
+      auto dt_at = [&](int k) { return k < w ? dts[hl * L + k] : dtt[hl]; };
+      const float A = p.A[h0 + hl];
+      float suffix = 0.f;
+      for (int k = w; k > j; --k) suffix += dt_at(k);
+      wdt[hl * L + j] = expf(A * suffix) * dt_at(j);
+      if (j == 0) decay[hl] = expf(A * (suffix + dt_at(0)));
+    }
   }
   float Cv[kCols];  // this lane's columns of C_t
 #pragma unroll
@@ -519,7 +541,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
             store16_stream(vrow + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
           }
         } else {
-          if (c.sr_seed) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count and the element
+          // Stochastic rounding (Philox keyed by the slot's seed, its fold count and the element): narrow
+          // checkpoints only, so an fp32 kernel carries none of its code.
+          if (!std::is_same_v<ckpt_t, float> && c.sr_seed) {
             const uint64_t seed = uint64_t(c.sr_seed[slot]);
             const int64_t row_index = (int64_t(h0 + hl) * p.headdim + q.i) * kN;
 #pragma unroll
@@ -607,7 +631,9 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");
   const dim3 grid(chunks, p.ngroups, p.batch);
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring);
+  const int prologue_flags = std::max(0, tune_knob("replay_prologue"));  // A/B of the prologue's forms (kernel)
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring,
+                                                 prologue_flags);
   check_cuda(cudaGetLastError(), "mamba2_replay_step kernel launch");
 }
 

@@ -5,9 +5,12 @@
 //   y_k = exp(c_t) (S_c C_k) + sum_{j<=t} exp(c_t - c_j) dt_j (B_j . C_k) x_j + D x_k   (* silu(z_k))
 // No intermediate state is formed. Non-fold rows never write the checkpoint.
 //
-// Grid (row chunks of a group, G, batch), like the replay step. A block reads what it needs of the ring
-// (the committed entries; the window's entries come from the inputs) into shared memory, then counts in on the
-// slot's arrival counter. The slot's last block to arrive writes the window's B and dt into the ring and the
+// Grid (row chunks of a group, G, batch), like the replay step, and the same streaming: the checkpoint rows
+// pass through a cp.async staging ring of kStages stages, the window's inputs and the committed ring entries
+// are staged into shared-memory tiles (one cp.async group) while the first stages are in flight, the block's
+// scalars (B_j . C_k and the decay weights, folded into one table W) are formed once, and each row then gives
+// its T outputs from registers and the tiles. A block counts in on the slot's arrival counter once every
+// thread has read the cursor. The slot's last block to arrive writes the window's B and dt into the ring and the
 // new cursor and pending count (every block of the slot has read the old entries by then, and nobody reads
 // the new ones in this launch); each block writes its own rows' x into the ring.
 #pragma once
@@ -19,15 +22,17 @@
 namespace replayssm {
 
 struct VerifySmem {  // byte offsets, each section 16-byte aligned
-  int ts;             // elements per row tile (rows of the block, padded)
-  int Cs, Bnew, Bold, dtold, dtnew, xold, xnew, znew, wf, decf, bc, W, deck, Ds, flag, total;
-  __host__ __device__ VerifySmem(int act_bytes, int rows, int dstate, int ring_len, int T, int heads) {
+  int ts;             // elements per row tile (rows of the block, padded to 8, plus 8: ring rows on other banks)
+  int staging, Craw, Bnew, Bold, Cf, dtold, dtnew, xold, xnew, znew, wf, decf, bc, W, deck, Ds, flag, total;
+  __host__ __device__ VerifySmem(int staging_bytes, int act_bytes, int rows, int dstate, int ring_len, int T, int heads) {
     auto up = [](int v) { return (v + 15) / 16 * 16; };
-    ts = rows + 1;
+    ts = (rows + 7) / 8 * 8 + 8;
     int o = 0;
-    Cs = o, o += up(T * dstate * 4);              // [k][n] C_k
-    Bnew = o, o += up(T * dstate * 4);            // [k][n] B_k of the window
-    Bold = o, o += up(ring_len * dstate * 4);     // [j][n] committed ring B_j
+    staging = o, o += up(staging_bytes);          // [stage][vec][thread] checkpoint vectors
+    Craw = o, o += up(T * dstate * act_bytes);    // [k][n] C_k (raw)
+    Bnew = o, o += up(T * dstate * act_bytes);    // [k][n] B_k of the window (raw)
+    Bold = o, o += up(ring_len * dstate * act_bytes);  // [j][n] committed ring B_j (raw)
+    Cf = o, o += up(T * dstate * 4);              // [k][n] C_k
     dtold = o, o += up(heads * ring_len * 4);     // [head][j] committed ring dt_j
     dtnew = o, o += up(heads * T * 4);            // [head][k] dt_k of the window (processed)
     xold = o, o += up(ring_len * ts * act_bytes);  // [j][row] committed ring x_j
@@ -44,23 +49,19 @@ struct VerifySmem {  // byte offsets, each section 16-byte aligned
   }
 };
 
-template <typename ckpt_t, typename act_t, int kN, int kThreads>
-__global__ void __launch_bounds__(kThreads)
-    mamba2_replay_verify_kernel(const Mamba2ReplayVerifyParams p, const int rows_per_block, const int max_heads) {
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayLanes<ckpt_t, kN>::value>;
-  constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane;
+template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    mamba2_replay_verify_kernel(const Mamba2ReplayVerifyParams p, const int rows_per_block, const int max_heads, const bool io_vec) {
+  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, kLanesPerRow>;
+  constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
   const Mamba2ReplayCacheParams& c = p.cache;
   const int b = blockIdx.z, g = blockIdx.y;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_verify: slot_ids[%d] = %lld is out of range", b, (long long)slot);
+  const int w0 = c.cursor[slot];  // in flight while the first loads are issued
   const int L = c.ring_len, Tmax = p.ntokens;
   const int T = p.num_tokens ? p.num_tokens[b] : Tmax;
-  RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "mamba2_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
-  const int w0 = c.cursor[slot];
-  RSSM_DEVICE_CHECK(w0 >= 0 && w0 <= L, "mamba2_replay_verify: cursor[%lld] = %d is outside [0, ring_len]", (long long)slot, w0);
-  const bool early = w0 + T > L;  // fold the committed history first
-  const int base = early ? 0 : w0;  // ring position of token 0
 
   const int heads_per_group = p.nheads / p.ngroups;
   const int row_begin = blockIdx.x * rows_per_block;
@@ -69,14 +70,32 @@ __global__ void __launch_bounds__(kThreads)
   const int head_begin = row_begin / p.headdim;
   const int nheads_block = (row_end - 1) / p.headdim - head_begin + 1;
   const int h0 = g * heads_per_group + head_begin;
+  const int n_iter = (nrows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
+  const int row0 = row_begin + warp * Layout::kRowsPerWarp + row_in_warp;
+  ckpt_t* ckpt_group = static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(g) * heads_per_group * c.ckpt_head_stride;
+  struct RowPos {
+    int r, hl, i;
+  };
+  const RowPos pos0{row0, row0 / p.headdim - head_begin, row0 % p.headdim};
+  auto advance = [&](RowPos& q) {
+    q.r += Layout::kRowsPerIter;
+    q.i += Layout::kRowsPerIter;
+    while (q.i >= p.headdim) {
+      q.i -= p.headdim;
+      ++q.hl;
+    }
+  };
+  auto ckpt_row = [&](const RowPos& q) { return ckpt_group + (head_begin + q.hl) * c.ckpt_head_stride + q.i * c.ckpt_row_stride; };
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const VerifySmem off(sizeof(act_t), rows_per_block, kN, L, Tmax, max_heads);
-  float* Cs = reinterpret_cast<float*>(smem_raw + off.Cs);
-  float* Bnew = reinterpret_cast<float*>(smem_raw + off.Bnew);
-  float* Bold = reinterpret_cast<float*>(smem_raw + off.Bold);
+  const VerifySmem off(kStages * kVecs * kThreads * 16, sizeof(act_t), rows_per_block, kN, L, Tmax, max_heads);
+  uint4* staging = reinterpret_cast<uint4*>(smem_raw + off.staging);
+  act_t* Craw = reinterpret_cast<act_t*>(smem_raw + off.Craw);
+  act_t* Bnew = reinterpret_cast<act_t*>(smem_raw + off.Bnew);
+  act_t* Bold = reinterpret_cast<act_t*>(smem_raw + off.Bold);
+  float* Cf = reinterpret_cast<float*>(smem_raw + off.Cf);
   float* dtold = reinterpret_cast<float*>(smem_raw + off.dtold);
   float* dtnew = reinterpret_cast<float*>(smem_raw + off.dtnew);
   act_t* xold = reinterpret_cast<act_t*>(smem_raw + off.xold);
@@ -91,125 +110,161 @@ __global__ void __launch_bounds__(kThreads)
   int* last_flag = reinterpret_cast<int*>(smem_raw + off.flag);
   const int ts = off.ts;
 
-  // ---- Inputs of the window and the committed ring into shared memory.
-  auto row_off = [&](int r, int64_t head_stride) { return int64_t(g * heads_per_group + r / p.headdim) * head_stride + r % p.headdim; };
-  const act_t* Bin = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
-  const act_t* Cin = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
-  for (int idx = threadIdx.x; idx < T * kN; idx += kThreads) {
-    const int k = idx / kN, n = idx % kN;
-    Cs[idx] = to_float(Cin[k * p.C_token_stride + n]);
-    Bnew[idx] = to_float(Bin[k * p.B_token_stride + n]);
-  }
-  const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
-  for (int idx = threadIdx.x; idx < w0 * kN; idx += kThreads)
-    Bold[idx] = to_float(ring_B[(idx / kN) * c.ring_B_pos_stride + idx % kN]);
-  for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
-    const int hl = idx / w0, j = idx % w0;
-    dtold[hl * L + j] = c.ring_dt[slot * c.ring_dt_slot_stride + j * c.ring_dt_pos_stride + h0 + hl];
-  }
+  RowPos copy_pos = pos0;
+  auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
+    if (it < n_iter && copy_pos.r < row_end) {
+      const ckpt_t* src = ckpt_row(copy_pos);
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v)
+        cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
+    }
+    cp_async_commit();
+    advance(copy_pos);
+  };
+#pragma unroll
+  for (int it = 0; it < kStages - 1; ++it) issue(it);
+
+  // ---- The window's inputs (known before the cursor) and then the committed ring, into shared memory.
+  const int64_t gx = int64_t(g) * heads_per_group;
+  copy_head_rows<act_t, kThreads>(xnew, ts, static_cast<const act_t*>(p.x) + b * p.x_batch_stride + gx * p.x_head_stride,
+                                  p.x_token_stride, p.x_head_stride, p.headdim, row_begin, nrows, T, io_vec);
+  if (p.z)
+    copy_head_rows<act_t, kThreads>(znew, ts, static_cast<const act_t*>(p.z) + b * p.z_batch_stride + gx * p.z_head_stride,
+                                    p.z_token_stride, p.z_head_stride, p.headdim, row_begin, nrows, T, io_vec);
+  copy_head_rows<act_t, kThreads>(Craw, kN, static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride,
+                                  p.C_token_stride, 0, kN, 0, kN, T, io_vec);
+  copy_head_rows<act_t, kThreads>(Bnew, kN, static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride,
+                                  p.B_token_stride, 0, kN, 0, kN, T, io_vec);
   for (int idx = threadIdx.x; idx < nheads_block * T; idx += kThreads) {
     const int hl = idx / T, k = idx % T, h = h0 + hl;
     dtnew[hl * Tmax + k] = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + k * p.dt_token_stride + h * p.dt_head_stride]),
                                       p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
   }
-  const act_t* ring_x = static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride;
-  for (int idx = threadIdx.x; idx < w0 * nrows; idx += kThreads) {
-    const int j = idx / nrows, rl = idx % nrows;
-    xold[j * ts + rl] = ring_x[j * c.ring_x_pos_stride + row_off(row_begin + rl, c.ring_x_head_stride)];
+  if (threadIdx.x < nheads_block) Ds[threadIdx.x] = p.D ? p.D[h0 + threadIdx.x] : 0.f;  // nheads_block <= kThreads
+  RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "mamba2_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
+  RSSM_DEVICE_CHECK(w0 >= 0 && w0 <= L, "mamba2_replay_verify: cursor[%lld] = %d is outside [0, ring_len]", (long long)slot, w0);
+  const bool early = w0 + T > L;    // fold the committed history first
+  const int base = early ? 0 : w0;  // ring position of token 0
+  copy_head_rows<act_t, kThreads>(xold, ts, static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + gx * c.ring_x_head_stride,
+                                  c.ring_x_pos_stride, c.ring_x_head_stride, p.headdim, row_begin, nrows, w0, io_vec);
+  copy_head_rows<act_t, kThreads>(Bold, kN, static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride,
+                                  c.ring_B_pos_stride, 0, kN, 0, kN, w0, io_vec);
+  for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
+    const int hl = idx / w0, j = idx % w0;
+    dtold[hl * L + j] = c.ring_dt[slot * c.ring_dt_slot_stride + j * c.ring_dt_pos_stride + h0 + hl];
   }
-  const act_t* xin = static_cast<const act_t*>(p.x) + b * p.x_batch_stride;
-  const act_t* zin = static_cast<const act_t*>(p.z) + b * p.z_batch_stride;
-  for (int idx = threadIdx.x; idx < T * nrows; idx += kThreads) {
-    const int k = idx / nrows, rl = idx % nrows;
-    xnew[k * ts + rl] = xin[k * p.x_token_stride + row_off(row_begin + rl, p.x_head_stride)];
-    if (p.z) znew[k * ts + rl] = zin[k * p.z_token_stride + row_off(row_begin + rl, p.z_head_stride)];
-  }
-  for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads) Ds[hl] = p.D ? p.D[h0 + hl] : 0.f;
-  __syncthreads();  // every thread has read the cursor and its ring entries
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();  // tiles written; every thread of the block has read the cursor
   if (threadIdx.x == 0) {
     const int blocks_per_row = gridDim.x * gridDim.y;
     *last_flag = atomicAdd(&c.arrivals[slot], 1) == blocks_per_row - 1;
   }
 
   // ---- Block scalars. Positions after the (early) fold: j < base are committed entries, j >= base the window.
+  for (int idx = threadIdx.x; idx < T * kN; idx += kThreads) Cf[idx] = to_float(Craw[idx]);
   auto dt_at = [&](int hl, int j) { return j < base ? dtold[hl * L + j] : dtnew[hl * Tmax + j - base]; };
-  for (int idx = warp; idx < T * (base + T); idx += Layout::kWarps) {  // a warp per (k, j)
-    const int k = idx / (base + T), j = idx % (base + T);
-    if (j > base + k) continue;
-    const float* Bj = j < base ? Bold + j * kN : Bnew + (j - base) * kN;
-    float acc = 0.f;
-    for (int n = lane; n < kN; n += 32) acc = fmaf(Bj[n], Cs[k * kN + n], acc);
-    acc = group_sum<32>(acc);
-    if (lane == 0) bc[k * L + j] = acc;
-  }
-  if (early) {  // a thread per (head, j): the fold's decays, summed as replay_decays sums them
-    for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
-      const int hl = idx / w0, j = idx % w0;
-      const float A = p.A[h0 + hl];
-      float suffix = 0.f;
-      for (int m = w0 - 1; m > j; --m) suffix += dtold[hl * L + m];
-      wf[hl * L + j] = expf(A * suffix) * dtold[hl * L + j];
-      if (j == 0) decf[hl] = expf(A * (suffix + dtold[hl * L]));
+  {
+    constexpr int kPer = kN >= 32 ? kN / 32 : 1;  // this lane's contiguous elements of B_j and C_k
+    for (int idx = warp; idx < T * (base + T); idx += Layout::kWarps) {  // a warp per (k, j <= t_k)
+      const int k = idx / (base + T), j = idx % (base + T);
+      if (j > base + k) continue;
+      const act_t* Bj = j < base ? Bold + j * kN : Bnew + (j - base) * kN;
+      float acc = 0.f;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e)
+        if (kN >= 32 || lane < kN) acc = fmaf(to_float(Bj[lane * kPer + e]), to_float(Craw[k * kN + lane * kPer + e]), acc);
+      acc = group_sum<32>(acc);
+      if (lane == 0) bc[k * L + j] = acc;
     }
   }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < nheads_block * T * (base + T); idx += kThreads) {  // a thread per (head, k, j)
-    const int hl = idx / (T * (base + T)), rem = idx % (T * (base + T)), k = rem / (base + T), j = rem % (base + T);
-    const int t = base + k;
-    if (j > t) continue;
-    const float A = p.A[h0 + hl];
-    float suffix = 0.f;
-    for (int m = t; m > j; --m) suffix += dt_at(hl, m);
-    W[(hl * Tmax + k) * L + j] = expf(A * suffix) * dt_at(hl, j) * bc[k * L + j];
-    if (j == 0) deck[hl * Tmax + k] = expf(A * (suffix + dt_at(hl, 0)));
+  // Decay weights a thread per (head, k) in replay_decays' order (the CPU's values), and for an early fold a
+  // thread per head.
+  for (int idx = threadIdx.x; idx < nheads_block * T; idx += kThreads) {
+    const int hl = idx / T, k = idx % T;
+    deck[hl * Tmax + k] = replay_decays([&](int j) { return dt_at(hl, j); }, base + k, p.A[h0 + hl], W + (hl * Tmax + k) * L);
   }
+  if (early)
+    for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads)
+      decf[hl] = replay_decays([&](int j) { return dtold[hl * L + j]; }, w0 - 1, p.A[h0 + hl], wf + hl * L);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nheads_block * T * (base + T); idx += kThreads) {  // W *= dt_j (B_j . C_k)
+    const int hl = idx / (T * (base + T)), rem = idx % (T * (base + T)), k = rem / (base + T), j = rem % (base + T);
+    if (j <= base + k) W[(hl * Tmax + k) * L + j] *= dt_at(hl, j) * bc[k * L + j];
+  }
+  if (early)
+    for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) wf[(idx / w0) * L + idx % w0] *= dtold[(idx / w0) * L + idx % w0];
   __syncthreads();
 
-  // ---- Rows: fold (early), then the T outputs.
-  ckpt_t* ckpt = static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride;
-  for (int r0 = row_begin; r0 < row_end; r0 += Layout::kRowsPerIter) {
-    const int r = r0 + warp * Layout::kRowsPerWarp + row_in_warp;
-    const bool valid = r < row_end;
-    const int rl = valid ? r - row_begin : 0;
-    const int hl = valid ? r / p.headdim - head_begin : 0, i = r % p.headdim, h = h0 + hl;
-    ckpt_t* row = ckpt + int64_t(h) * c.ckpt_head_stride + int64_t(i) * c.ckpt_row_stride;
+  // ---- Stream the block's rows: fold (early), then the T outputs.
+  RowPos pos = pos0;
+  for (int it = 0; it < n_iter; ++it) {
+    issue(it + kStages - 1);
+    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
+    const RowPos q = pos;
+    advance(pos);
+    const bool valid = q.r < row_end;
+    const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
     float s[kCols];
-    Layout::load_row(row, lane_in_row, valid, s);
-    if (early) {  // S_c <- exp(c_w) S_c + sum_{j<w} exp(c_w - c_j) dt_j x_j B_j, stored as the checkpoint stores it
 #pragma unroll
-      for (int col = 0; col < kCols; ++col) s[col] *= decf[hl];
-      for (int j = 0; j < w0; ++j) {
-        const float coef = wf[hl * L + j] * to_float(xold[j * ts + rl]);
-        Layout::axpy(coef, Bold + j * kN, lane_in_row, s);
-      }
+    for (int v = 0; v < kVecs; ++v) {
+      const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
+      const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = valid ? to_float(elems[e]) : 0.f;
+    }
+    if (early) {  // S_c <- exp(c_w) S_c + sum_{j<w} exp(c_w - c_j) dt_j x_j B_j, stored as the checkpoint stores it
+      const float dcy = decf[hl];
+#pragma unroll
+      for (int col = 0; col < kCols; ++col) s[col] *= dcy;
+      for (int j = 0; j < w0; ++j) Layout::axpy(wf[hl * L + j] * to_float(xold[j * ts + rl]), Bold + j * kN, lane_in_row, s);
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
-      if (valid) Layout::store_row(row, lane_in_row, s);
+      if (valid) Layout::store_row(const_cast<ckpt_t*>(ckpt_row(q)), lane_in_row, s);
     }
     for (int k = 0; k < T; ++k) {
       const int t = base + k;
+      const float* Ck = Cf + k * kN;
       float sc = 0.f;
 #pragma unroll
       for (int v = 0; v < kVecs; ++v)
 #pragma unroll
-        for (int e = 0; e < Layout::kVec; ++e) sc = fmaf(s[v * Layout::kVec + e], Cs[k * kN + Layout::col(lane_in_row, v, e)], sc);
+        for (int e = 0; e < kVec; e += 4) {
+          const float4 cv = *reinterpret_cast<const float4*>(Ck + Layout::col(lane_in_row, v, e));
+          sc = fmaf(s[v * kVec + e], cv.x, sc);
+          sc = fmaf(s[v * kVec + e + 1], cv.y, sc);
+          sc = fmaf(s[v * kVec + e + 2], cv.z, sc);
+          sc = fmaf(s[v * kVec + e + 3], cv.w, sc);
+        }
       const float* Wk = W + (hl * Tmax + k) * L;
-      float y = deck[hl * Tmax + k] * sc;
+      float y = deck[hl * Tmax + k] * sc;  // this lane's part: its columns and its share of the ring positions
       for (int j = lane_in_row; j <= t; j += kLanes)
         y = fmaf(Wk[j], to_float(j < base ? xold[j * ts + rl] : xnew[(j - base) * ts + rl]), y);
       y = group_sum<kLanes>(y);
       if (valid && lane_in_row == 0) {
         y = fmaf(Ds[hl], to_float(xnew[k * ts + rl]), y);
         if (p.z) y *= silu(to_float(znew[k * ts + rl]));
-        static_cast<act_t*>(p.out)[b * p.out_batch_stride + k * p.out_token_stride + h * p.out_head_stride + i] = from_float<act_t>(y);
+        static_cast<act_t*>(p.out)[b * p.out_batch_stride + k * p.out_token_stride + (h0 + hl) * p.out_head_stride + q.i] =
+            from_float<act_t>(y);
       }
     }
   }
+  cp_async_wait<0>();  // (only empty groups remain)
   // This block's rows of the window's x into the ring (its reads of the committed entries are done).
-  act_t* ring_x_w = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride;
-  for (int idx = threadIdx.x; idx < T * nrows; idx += kThreads) {
-    const int k = idx / nrows, rl = idx % nrows;
-    ring_x_w[(base + k) * c.ring_x_pos_stride + row_off(row_begin + rl, c.ring_x_head_stride)] = xnew[k * ts + rl];
+  act_t* ring_x_w = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + gx * c.ring_x_head_stride;
+  if (io_vec) {
+    constexpr int kV = 16 / sizeof(act_t);
+    const int nv = nrows / kV;
+    for (int idx = threadIdx.x; idx < T * nv; idx += kThreads) {
+      const int k = idx / nv, r = (idx % nv) * kV;
+      *reinterpret_cast<uint4*>(ring_x_w + (base + k) * c.ring_x_pos_stride + row_begin + r) =
+          *reinterpret_cast<const uint4*>(xnew + k * ts + r);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < T * nrows; idx += kThreads) {
+      const int k = idx / nrows, r = row_begin + idx % nrows;
+      ring_x_w[(base + k) * c.ring_x_pos_stride + (r / p.headdim) * c.ring_x_head_stride + r % p.headdim] = xnew[k * ts + r - row_begin];
+    }
   }
   __syncthreads();
   if (*last_flag) {  // every block of the slot has read the committed entries: write the window's B and dt
@@ -233,29 +288,54 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Launch: 128 threads, three stages of 128 bytes of a row per thread (as the replay step), 256 rows per block
+// at most, fewer when that keeps three blocks on an SM within its shared memory, or when the grid would not
+// fill the GPU. REPLAYSSM_TUNE: verify_rows (rows per block).
 template <typename ckpt_t, typename act_t, int kN>
 void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t stream) {
-  constexpr int kThreads = 128;
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayLanes<ckpt_t, kN>::value>;
+  constexpr int kThreads = 128, kStages = 3, kMinBlocks = 3;
+  constexpr int kLanes = ReplayLanes<ckpt_t, kN>::value;
+  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, kLanes>;
+  const Mamba2ReplayCacheParams& c = p.cache;
   const int group_rows = (p.nheads / p.ngroups) * p.headdim;
-  // Rows per block: a few hundred (shared-memory tiles of T + ring_len rows), enough blocks for every SM.
   const int64_t groups_total = int64_t(p.batch) * p.ngroups;
-  int64_t rows = (groups_total * group_rows + int64_t(num_sms()) * 8 - 1) / (int64_t(num_sms()) * 8);
-  rows = std::min<int64_t>(std::max<int64_t>(rows, Layout::kRowsPerIter), 256);
-  rows = (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter;
-  int rows_per_block = static_cast<int>(std::min<int64_t>(rows, group_rows));
+  auto round_rows = [&](int64_t r) {
+    return int((std::max<int64_t>(r, Layout::kRowsPerIter) + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
+  };
+  // Enough blocks for ~4 waves of three blocks per SM, at most 256 rows, at most kThreads - 1 heads.
+  int rows_per_block = round_rows((groups_total * group_rows + int64_t(num_sms()) * 12 - 1) / (int64_t(num_sms()) * 12));
+  rows_per_block = std::min({rows_per_block, 256, group_rows, (kThreads - 1) * p.headdim});
+  const int forced_rows = tune_knob("verify_rows");
+  if (forced_rows > 0) rows_per_block = std::min(round_rows(forced_rows), std::max(group_rows, Layout::kRowsPerIter));
   auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
-  auto smem_for = [&](int r) { return VerifySmem(sizeof(act_t), r, kN, p.cache.ring_len, p.ntokens, heads_for(r)).total; };
+  auto smem_for = [&](int r) {
+    return VerifySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kN, c.ring_len, p.ntokens, heads_for(r)).total;
+  };
   const int device_smem = max_smem_per_block();
+  int sm_smem = 0, device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "cudaDeviceGetAttribute");
+  const int per_block_target = sm_smem / kMinBlocks - 1024;  // the driver reserves 1 KiB per block
+  while (forced_rows <= 0 && smem_for(rows_per_block) > per_block_target && rows_per_block > 64)
+    rows_per_block = round_rows(rows_per_block / 2);
   while (smem_for(rows_per_block) > device_smem && rows_per_block > Layout::kRowsPerIter)
-    rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
+    rows_per_block = round_rows(rows_per_block / 2);
   if (smem_for(rows_per_block) > device_smem)
     throw std::invalid_argument("replayssm: mamba2_replay_verify needs more shared memory than the device has for this shape");
-  auto kernel = mamba2_replay_verify_kernel<ckpt_t, act_t, kN, kThreads>;
+  constexpr int kV = 16 / sizeof(act_t);
+  const bool io_vec = p.headdim % kV == 0 && rows_per_block % kV == 0 && kN % kV == 0 && aligned16(p.x) && aligned16(p.B) &&
+                      aligned16(p.C) && aligned16(c.ring_x) && aligned16(c.ring_B) && p.x_head_stride == p.headdim &&
+                      p.x_batch_stride % kV == 0 && p.x_token_stride % kV == 0 && p.B_batch_stride % kV == 0 &&
+                      p.B_token_stride % kV == 0 && p.B_group_stride % kV == 0 && p.C_batch_stride % kV == 0 &&
+                      p.C_token_stride % kV == 0 && p.C_group_stride % kV == 0 && c.ring_x_head_stride == p.headdim &&
+                      c.ring_x_slot_stride % kV == 0 && c.ring_x_pos_stride % kV == 0 && c.ring_B_slot_stride % kV == 0 &&
+                      c.ring_B_pos_stride % kV == 0 && c.ring_B_group_stride % kV == 0 &&
+                      (!p.z || (aligned16(p.z) && p.z_head_stride == p.headdim && p.z_batch_stride % kV == 0 && p.z_token_stride % kV == 0));
+  auto kernel = mamba2_replay_verify_kernel<ckpt_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks>;
   const int smem_bytes = smem_for(rows_per_block);
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes), "mamba2_replay_verify shared memory");
   const dim3 grid((group_rows + rows_per_block - 1) / rows_per_block, p.ngroups, p.batch);
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, rows_per_block, heads_for(rows_per_block));
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, rows_per_block, heads_for(rows_per_block), io_vec);
   check_cuda(cudaGetLastError(), "mamba2_replay_verify kernel launch");
 }
 
