@@ -178,8 +178,12 @@ def test_cuda_numerical_split_matches_cpu(mode, N, act_dtype):
     else:
         same = gpu.checkpoint.cpu() == cpu.checkpoint
         assert same.float().mean() > 0.99, same.float().mean()
+        # A rounding that went the other way moves an element by one unit of the last place at that fold; later
+        # folds carry the difference on (decaying): so at most one unit per fold, of the element's largest
+        # magnitude (its initial value or its final one).
         diff = (gpu.checkpoint.cpu().float() - cpu.checkpoint.float()).abs()
-        assert (diff[~same] <= 2.01 * ulp(cpu.checkpoint.float()[~same], torch.bfloat16)).all()
+        scale = torch.maximum(init.abs(), cpu.checkpoint.float().abs())
+        assert (diff[~same] <= (steps // L + 0.01) * ulp(scale[~same], torch.bfloat16)).all()
 
 
 def gdn_run(cache, HV, H, K, V, steps, seed):

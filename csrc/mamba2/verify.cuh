@@ -54,6 +54,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     mamba2_replay_verify_kernel(const Mamba2ReplayVerifyParams p, const int rows_per_block, const int max_heads, const bool io_vec) {
   using Layout = RowLayout<ckpt_t, kN, kThreads, 1, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
+  // Tokens whose C stays in registers (48 registers at most: 64 spilled at 3 blocks per SM); the others are read from shared memory per row.
+  constexpr int kRegTokens = 48 / kCols > 4 ? 4 : (48 / kCols < 1 ? 1 : 48 / kCols);
   const Mamba2ReplayCacheParams& c = p.cache;
   const int b = blockIdx.z, g = blockIdx.y;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
@@ -196,6 +198,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) wf[(idx / w0) * L + idx % w0] *= dtold[(idx / w0) * L + idx % w0];
   __syncthreads();
 
+  // This lane's columns of C_k for the first kRegTokens tokens, in registers for the whole row loop.
+  float Creg[kRegTokens][kCols];
+#pragma unroll
+  for (int k = 0; k < kRegTokens; ++k)
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) Creg[k][v * kVec + e] = k < T ? Cf[k * kN + Layout::col(lane_in_row, v, e)] : 0.f;
+
   // ---- Stream the block's rows: fold (early), then the T outputs.
   RowPos pos = pos0;
   for (int it = 0; it < n_iter; ++it) {
@@ -222,22 +233,29 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
       if (valid) Layout::store_row(const_cast<ckpt_t*>(ckpt_row(q)), lane_in_row, s);
     }
-    for (int k = 0; k < T; ++k) {
+    // Token k's output from this row: this lane's columns of the row against C_k (from registers, cregs, or
+    // shared memory) and its share of the ring positions, summed over the row's lanes.
+    auto output = [&](int k, const float* cregs) {
       const int t = base + k;
-      const float* Ck = Cf + k * kN;
       float sc = 0.f;
+      if (cregs != nullptr) {
 #pragma unroll
-      for (int v = 0; v < kVecs; ++v)
+        for (int col = 0; col < kCols; ++col) sc = fmaf(s[col], cregs[col], sc);
+      } else {
+        const float* Ck = Cf + k * kN;
 #pragma unroll
-        for (int e = 0; e < kVec; e += 4) {
-          const float4 cv = *reinterpret_cast<const float4*>(Ck + Layout::col(lane_in_row, v, e));
-          sc = fmaf(s[v * kVec + e], cv.x, sc);
-          sc = fmaf(s[v * kVec + e + 1], cv.y, sc);
-          sc = fmaf(s[v * kVec + e + 2], cv.z, sc);
-          sc = fmaf(s[v * kVec + e + 3], cv.w, sc);
-        }
+        for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+          for (int e = 0; e < kVec; e += 4) {
+            const float4 cv = *reinterpret_cast<const float4*>(Ck + Layout::col(lane_in_row, v, e));
+            sc = fmaf(s[v * kVec + e], cv.x, sc);
+            sc = fmaf(s[v * kVec + e + 1], cv.y, sc);
+            sc = fmaf(s[v * kVec + e + 2], cv.z, sc);
+            sc = fmaf(s[v * kVec + e + 3], cv.w, sc);
+          }
+      }
       const float* Wk = W + (hl * Tmax + k) * L;
-      float y = deck[hl * Tmax + k] * sc;  // this lane's part: its columns and its share of the ring positions
+      float y = deck[hl * Tmax + k] * sc;
       for (int j = lane_in_row; j <= t; j += kLanes)
         y = fmaf(Wk[j], to_float(j < base ? xold[j * ts + rl] : xnew[(j - base) * ts + rl]), y);
       y = group_sum<kLanes>(y);
@@ -247,7 +265,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         static_cast<act_t*>(p.out)[b * p.out_batch_stride + k * p.out_token_stride + (h0 + hl) * p.out_head_stride + q.i] =
             from_float<act_t>(y);
       }
-    }
+    };
+#pragma unroll
+    for (int k = 0; k < kRegTokens; ++k)
+      if (k < T) output(k, Creg[k]);
+    for (int k = kRegTokens; k < T; ++k) output(k, nullptr);
   }
   cp_async_wait<0>();  // (only empty groups remain)
   // This block's rows of the window's x into the ring (its reads of the committed entries are done).
@@ -288,13 +310,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
 }
 
-// Launch: 128 threads, three stages of 128 bytes of a row per thread (as the replay step), 256 rows per block
+// Launch: 128 threads, the replay step's row layout and stages (StreamLanes, kStreamStages), 256 rows per block
 // at most, fewer when that keeps three blocks on an SM within its shared memory, or when the grid would not
 // fill the GPU. REPLAYSSM_TUNE: verify_rows (rows per block).
 template <typename ckpt_t, typename act_t, int kN>
 void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t stream) {
-  constexpr int kThreads = 128, kStages = 3, kMinBlocks = 3;
-  constexpr int kLanes = ReplayLanes<ckpt_t, kN>::value;
+  constexpr int kThreads = 128, kStages = kStreamStages, kMinBlocks = 3;
+  constexpr int kLanes = StreamLanes<ckpt_t, kN>::value;
   using Layout = RowLayout<ckpt_t, kN, kThreads, 1, kLanes>;
   const Mamba2ReplayCacheParams& c = p.cache;
   const int group_rows = (p.nheads / p.ngroups) * p.headdim;
