@@ -55,7 +55,7 @@ def make_inputs(batch, n_layers, L, shape, gen, device):
                   out=torch.empty(batch, HV, V, dtype=ACT, device=device)) for _ in range(n_layers)] for _ in range(L)]
 
 
-def bench_batch(batch, L, shape, fla, gen, smoke=False) -> dict:
+def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
     device = "cpu" if smoke else "cuda"
     HV, H, K, V = shape
     state_layer = batch * HV * V * K * 4
@@ -75,6 +75,8 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False) -> dict:
                 replayssm.gdn_step(pool, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots, dt_bias=dt_bias,
                                    out=t["out"])
     r["standard_us"] = timer(standard_cycle) / (L * n_layers)
+    if tune:
+        r["standard_tuning_us"] = {k: v / (L * n_layers) for k, v in timed_configs(standard_cycle, STEP_TUNES).items()}
 
     if fla is not None and not smoke:
         def fla_cycle():
@@ -100,8 +102,29 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False) -> dict:
                                           dt_bias=dt_bias, out=t["out"])
     before = torch.stack([c.cursor.clone() for c in caches])
     r["replay_us"] = timer(replay_cycle) / (L * n_layers)
+    if tune:
+        r["replay_tuning_us"] = {k: v / (L * n_layers) for k, v in timed_configs(replay_cycle, REPLAY_TUNES).items()}
     assert torch.equal(before, torch.stack([c.cursor for c in caches])), "cursors did not advance full cycles"
     return r
+
+
+# Alternative launch configurations (REPLAYSSM_TUNE, listed in csrc/gdn/kernels.cuh), timed with --tune.
+STEP_TUNES = ["gdn_step_unroll=2", "gdn_step_unroll=8", "gdn_step_lanes=16", "gdn_step_lanes=32", "gdn_step_bps=4",
+              "gdn_step_bps=16"]
+REPLAY_TUNES = ["gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=3", "gdn_replay_prefetch=0",
+                "gdn_replay_prefetch=1", "gdn_replay_rows=128", "gdn_replay_bps=24"]
+
+
+def timed_configs(fn, tunes) -> dict:
+    """µs of fn's graph under each REPLAYSSM_TUNE setting (the default restored afterwards)."""
+    out = {}
+    for tune in tunes:
+        os.environ["REPLAYSSM_TUNE"] = tune
+        try:
+            out[tune] = common.time_graph(fn)
+        finally:
+            del os.environ["REPLAYSSM_TUNE"]
+    return out
 
 
 def main():
@@ -109,6 +132,7 @@ def main():
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
     parser.add_argument("--ring-len", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--tune", action="store_true", help="also time alternative launch configurations")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gdn_decode.json"))
     args = parser.parse_args()
     if args.smoke:
@@ -120,7 +144,7 @@ def main():
     bw = common.measure_bandwidth()
     rows = []
     for batch in args.batches:
-        r = bench_batch(batch, args.ring_len, shape, fla, gen)
+        r = bench_batch(batch, args.ring_len, shape, fla, gen, tune=args.tune)
         nbytes = analytic_bytes(batch, args.ring_len, shape)
         r["bytes"] = nbytes
         r["standard_floor_us"] = nbytes["standard"] / (bw["copy_TBps"] * 1e6)
@@ -138,6 +162,10 @@ def main():
         print(f"{r['batch']:>5} {r.get('fla_us', float('nan')):>8.1f} {r['standard_us']:>8.1f} "
               f"{100 * r['standard_frac_copy_bw']:>7.1f}% {r['replay_us']:>8.1f} {r['replay_floor_us']:>7.1f} "
               f"{r['replay_over_floor']:>9.2f} {r['replay_vs_standard']:>7.2f}x")
+    for r in rows:
+        for kind in ("standard", "replay"):
+            for tune, us in r.get(f"{kind}_tuning_us", {}).items():
+                print(f"  batch {r['batch']:>3} {kind:>8} {tune:<28} {us:8.1f} us (default {r[f'{kind}_us']:.1f})")
 
 
 if __name__ == "__main__":

@@ -123,13 +123,84 @@ def test_step_and_replay_match_the_delta_rule_across_folds(device, act_dtype, st
     assert torch.equal(pool[slots[3]], init[slots[3]].to(device, state_dtype))  # the pad row's slot is untouched
 
 
-def test_verify_commit_property_over_many_steps(device):
+# Forced launch configurations of the CUDA step and replay step (REPLAYSSM_TUNE, read at every launch; the knobs are
+# listed at the top of csrc/gdn/kernels.cuh). "" is the default configuration.
+TUNE_CONFIGS = [
+    "",
+    "gdn_step_rows=24,gdn_replay_rows=96",  # rows over several blocks; a replay block straddles two value heads
+    "gdn_step_rows=16,gdn_step_unroll=1,gdn_replay_rows=36,gdn_replay_prefetch=0",  # scalar v tile, ring after the cursor
+    "gdn_step_lanes=32,gdn_step_unroll=8,gdn_step_rows=40,gdn_replay_rows=30,gdn_replay_prefetch=1,gdn_replay_variant=2",
+    "gdn_step_lanes=4,gdn_step_unroll=2,gdn_replay_variant=1,gdn_replay_rows=64",
+    "gdn_step_lanes=16,gdn_step_bps=64,gdn_replay_variant=3,gdn_replay_bps=64",
+    "gdn_step_lanes=16,gdn_step_unroll=8,gdn_replay_variant=2,gdn_replay_rows=256",
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tune", TUNE_CONFIGS)
+def test_cuda_launch_configurations_match_the_delta_rule(monkeypatch, tune):
+    """The CUDA gdn_step and gdn_replay_step at the benchmark's shape per head (K = V = 128, fp32 state, bf16
+    activations) under forced launch configurations: a head's rows split over several blocks, blocks straddling value
+    heads, partial row groups, scalar tile copies, the ring fetched before or after the cursor, every pipeline
+    variant; rows at different cursors across folds and a pad row. Outputs and states against the float64 delta rule;
+    cursors as the CPU advances them and arrival counters back at zero after every step."""
+    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
+    gen = make_gen()
+    HV, H, K, V, L = 4, 2, 128, 128, 4
+    layer = GdnLayer(HV, H, K, V, "cuda", gen)
+    batch, num_slots, T = 4, 5, 2 * L + 2
+    slots = torch.randperm(num_slots, generator=gen)[:batch]
+    init = torch.randn(num_slots, HV, V, K, generator=gen) * 0.1
+    pool = init.cuda()
+    cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device="cuda")
+    cache.checkpoint.copy_(init)
+    ref_std, ref_rep = init.double(), init.double()
+    cursor = [0] * num_slots
+    join_at = [0, 1, 3, -1]  # rows at different cursors; row 3 is a pad row
+    tol = tolerance(torch.bfloat16, torch.float32)
+    for t in range(T):
+        tok = layer.token(batch, torch.bfloat16, gen)
+        active = [b for b in range(batch) if join_at[b] >= 0 and t >= join_at[b]]
+        ids = torch.full((batch,), PAD_SLOT, dtype=torch.int32)
+        ids[active] = slots[active].to(torch.int32)
+        ids = ids.cuda()
+        out_std = torch.full_like(tok["v"], float("nan"))
+        out_rep = torch.full_like(tok["v"], float("nan"))
+        replayssm.gdn_step(pool, **tok, A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids, out=out_std)
+        replayssm.gdn_replay_step(cache, **tok, A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids, out=out_rep)
+        sl = slots[active]
+        sub = {k: v[active] for k, v in tok.items()}
+        y_std, new_std = layer.reference_step(ref_std[sl], sub)
+        y_rep, new_rep = layer.reference_step(ref_rep[sl], sub)
+        ref_std[sl] = new_std
+        ref_rep[sl] = new_rep
+        for s in sl.tolist():
+            cursor[s] = 0 if cursor[s] + 1 == L else cursor[s] + 1
+        assert rel_err(out_std[active], y_std) < tol, (t, tune)
+        assert rel_err(out_rep[active], y_rep) < tol, (t, tune)
+        assert torch.isnan(out_std[3]).all() and torch.isnan(out_rep[3]).all()
+        assert cache.cursor.cpu().tolist() == cursor, (t, tune)
+        assert not cache.arrivals.any(), (t, tune)
+    sl = slots[[0, 1, 2]]
+    state_tol = 4 * UNIT_ROUNDOFF[torch.float32] + 2e-5
+    assert rel_err(pool[sl], ref_std[sl]) < state_tol
+    assert rel_err(replayssm.gdn_replay_state(cache, sl.to("cuda", torch.int32)), ref_rep[sl]) < state_tol
+    assert torch.equal(pool[slots[3]].cpu(), init[slots[3]])  # the pad row's slot is untouched
+    assert torch.equal(cache.checkpoint[slots[3]].cpu(), init[slots[3]])
+
+
+@pytest.mark.parametrize("tune", ["", "gdn_verify_rows=3"], ids=["default", "rows-over-blocks"])
+def test_verify_commit_property_over_many_steps(device, tune, monkeypatch):
     """Random windows and accepted counts with early folds: every tentative output and every committed state
     equals the float64 delta rule over the accepted tokens; the checkpoint is written only when a window did
-    not fit."""
+    not fit. On CUDA also with a value head's rows split over several blocks (REPLAYSSM_TUNE)."""
     needs_kernel(device, "gdn_replay_verify")
+    if tune and device != "cuda":
+        pytest.skip("a CUDA launch configuration")
+    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     gen = make_gen()
-    HV, H, K, V, history, T = 4, 2, 8, 8, 4, 3
+    HV, H, K, V, history, T = 4, 2, 16, 8, 4, 3
     L = history + T
     layer = GdnLayer(HV, H, K, V, device, gen)
     batch, num_slots = 3, 5
@@ -148,6 +219,7 @@ def test_verify_commit_property_over_many_steps(device):
         before = cache.checkpoint.clone()
         replayssm.gdn_replay_verify(cache, **tok, A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids,
                                     num_tokens=n_tok.to(device), out=out)
+        assert not cache.arrivals.any()
         accepted = torch.zeros(batch, dtype=torch.int32)
         for b, s in enumerate(slots.tolist()):
             nb = n_tok[b].item()

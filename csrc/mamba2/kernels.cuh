@@ -648,6 +648,8 @@ void launch_mamba2_replay_step(const Mamba2ReplayStepParams& p, cudaStream_t str
   check_cuda(cudaGetLastError(), "mamba2_replay_step kernel launch");
 }
 
+#include "replay_v10.cuh"  // TEMPORARY A/B (replay_variant=9)
+
 template <DType kCkpt>
 void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
   using ckpt_t = typename CudaType<kCkpt>::type;
@@ -660,6 +662,7 @@ void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStrea
         const int variant = p.cache.view == nullptr ? tune_knob("replay_variant") : -1;
         if (variant == 1) return launch_mamba2_replay_step<float, float, act_t, kN, 3, 4, 3>(p, stream);
         if (variant == 2) return launch_mamba2_replay_step<float, float, act_t, kN, 8, 8, 3>(p, stream);
+        if (variant == 9) return launch_mamba2_replay_step_v10<float, act_t, kN>(p, stream);
       }
       if (p.cache.view == nullptr) return launch_mamba2_replay_step<ckpt_t, ckpt_t, act_t, kN>(p, stream);
       if constexpr (kCkpt == DType::kFloat32) return launch_mamba2_replay_step<float, __nv_bfloat16, act_t, kN>(p, stream);
