@@ -122,7 +122,8 @@ def test_shapes_that_are_not_tile_multiples(device, shape):
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("tune", ["replay_rows=32", "replay_rows=64,replay_prefetch=1", "replay_prefetch=1",
-                                  "replay_prefetch=0", "replay_variant=1", "replay_variant=2,replay_rows=48"])
+                                  "replay_prefetch=0", "replay_variant=1", "replay_variant=2,replay_rows=48",
+                                  "replay_variant=0", "replay_variant=0,replay_rows=32"])
 def test_cuda_replay_launch_configurations(monkeypatch, tune):
     """The replay kernel's launch configurations: many blocks per slot (each counting in on the arrival counter),
     pad rows, mixed cursors and folds, with and without the ring fetched before the cursor."""

@@ -1,5 +1,8 @@
-// TEMPORARY (A/B of a measured regression, to be removed): the replay kernel as measured at commit 6d3ccfd
-// ("v10", 320 us at batch 256), verbatim, behind REPLAYSSM_TUNE replay_variant=9.
+// The replay kernel of plain caches (no output view, rounding to nearest): "v10" as measured at commit 6d3ccfd,
+// kept verbatim because the general kernel in kernels.cuh (which adds the view and stochastic rounding at
+// folds) runs 1.2x slower in the same layout for reasons not yet found (bench/NOTES.md, 2026-11-29: the main
+// loops compile to the same instructions; the prologue forms were A/B'd without effect). Merge them once
+// the cause is known.
 // Included by kernels.cuh inside namespace replayssm, after everything it uses.
 template <typename ckpt_t, int kN>
 struct ReplayLanesV10 {
