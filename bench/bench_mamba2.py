@@ -70,6 +70,9 @@ REPLAY_TUNES = ["replay_prefetch=0", "replay_prefetch=1", "replay_rows=128", "re
                 "replay_prologue=3", "replay_variant=2,replay_prologue=3", "replay_variant=0"]
 
 
+VIEW_TUNES = ["replay_variant=3"]  # the view through the plain-cache (v10) kernel
+
+
 def timed_configs(fn, tunes) -> dict:
     """µs of fn's graph under each REPLAYSSM_TUNE setting (the default restored afterwards)."""
     out = {}
@@ -118,7 +121,7 @@ def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
     torch.cuda.empty_cache()
 
     for view in (None, torch.bfloat16):
-        replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, result, view, tune and view is None)
+        replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, result, view, tune)
     return result
 
 
@@ -142,7 +145,8 @@ def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, result, view, t
     cursors_before = torch.stack([c.cursor.clone() for c in caches])
     result[f"{name}_us"] = common.time_graph(replay_cycle) / (L * n_layers)
     if tune:
-        result["replay_tuning_us"] = {k: v / (L * n_layers) for k, v in timed_configs(replay_cycle, REPLAY_TUNES).items()}
+        tunes = REPLAY_TUNES if view is None else VIEW_TUNES
+        result[f"{name}_tuning_us"] = {k: v / (L * n_layers) for k, v in timed_configs(replay_cycle, tunes).items()}
     # Every replay of the cycle is L steps: cursors come back where they started, having gone all the way round.
     assert torch.equal(cursors_before, torch.stack([c.cursor for c in caches])), "cursors did not advance a full cycle"
     del caches
@@ -192,7 +196,7 @@ def main():
         print(f"{r['batch']:>5} {r['replay_view_us']:>8.1f} {r['replay_view_floor_us']:>7.1f} "
               f"{r['replay_view_over_floor']:>10.2f} {r['replay_view_vs_standard']:>7.2f}x")
     for r in rows:
-        for kind in ("standard", "replay"):
+        for kind in ("standard", "replay", "replay_view"):
             for tune, us in r.get(f"{kind}_tuning_us", {}).items():
                 print(f"  batch {r['batch']:>3} {kind:>8} {tune:<28} {us:8.1f} us (default {r[f'{kind}_us']:.1f})")
 

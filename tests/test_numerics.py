@@ -149,6 +149,20 @@ def test_cuda_numerical_split_matches_cpu(mode, N, act_dtype):
     stochastic rounding the same roundings for the same seed (all but elements whose fp32 value differs in
     its last bits between the two implementations' summation orders), reproducible run to run, and the same
     fold counts. Row layouts of 2, 4 and 8 lanes (N = 16, 128, 256)."""
+    split_matches_cpu(mode, N, act_dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("N", [16, 128, 256])
+def test_cuda_view_through_the_plain_kernel_matches_cpu(monkeypatch, N, act_dtype):
+    """The bf16 view streamed by the plain-cache (v10) kernel (REPLAYSSM_TUNE replay_variant=3): as above."""
+    monkeypatch.setenv("REPLAYSSM_TUNE", "replay_variant=3")
+    split_matches_cpu("view", N, act_dtype)
+
+
+def split_matches_cpu(mode, N, act_dtype):
     seed = torch.randint(0, 2**31 - 1, ()).item()
     H, P, G, L, steps = 8, 32, 2, 4, 13
     kw = dict(output_view=torch.bfloat16) if mode == "view" else dict(checkpoint_dtype=torch.bfloat16,

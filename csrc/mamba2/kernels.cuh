@@ -656,13 +656,17 @@ void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStrea
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
       using act_t = typename CudaType<kAct>::type;
-      const int variant = p.cache.view == nullptr ? tune_knob("replay_variant") : -1;
+      const int variant = tune_knob("replay_variant");
       if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kN == 128) {
-        // Alternatives for the benchmark's configuration, chosen by REPLAYSSM_TUNE: 0: the general kernel in
-        // its default layout; 1: the general kernel in v10's layout (128 bytes per lane, three stages); 2: a
-        // deeper pipeline (eight stages).
-        if (variant == 1) return launch_mamba2_replay_step<float, float, act_t, kN, 3, 4, 3>(p, stream);
-        if (variant == 2) return launch_mamba2_replay_step<float, float, act_t, kN, 8, 8, 3>(p, stream);
+        // Alternatives for the benchmark's configuration, chosen by REPLAYSSM_TUNE (plain caches): 0: the
+        // general kernel in its default layout; 1: the general kernel in v10's layout (128 bytes per lane, three
+        // stages); 2: a deeper pipeline (eight stages).
+        if (p.cache.view == nullptr && variant == 1) return launch_mamba2_replay_step<float, float, act_t, kN, 3, 4, 3>(p, stream);
+        if (p.cache.view == nullptr && variant == 2) return launch_mamba2_replay_step<float, float, act_t, kN, 8, 8, 3>(p, stream);
+      }
+      if constexpr (kCkpt == DType::kFloat32) {  // 3: view caches through the v10 kernel, six stages (to be measured)
+        if (p.cache.view != nullptr && variant == 3)
+          return launch_mamba2_replay_step_v10<float, act_t, kN, __nv_bfloat16, kStreamStages>(p, stream);
       }
       // Plain caches (no view, rounding to nearest): the "v10" kernel (replay_plain.cuh), measured 1.2x faster
       // than this file's general kernel in the same layout (2026-11-29: 321 vs 393 us at batch 256; cause not

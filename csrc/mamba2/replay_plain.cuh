@@ -2,18 +2,19 @@
 // kept verbatim because the general kernel in kernels.cuh (which adds the view and stochastic rounding at
 // folds) runs 1.2x slower in the same layout for reasons not yet found (bench/NOTES.md, 2026-11-29: the main
 // loops compile to the same instructions; the prologue forms were A/B'd without effect). Merge them once
-// the cause is known.
+// the cause is known. (One change from v10: ReplayLanes gives 16-bit checkpoints of N = 256 eight lanes per
+// row, not four, which spilled registers.)
 // Included by kernels.cuh inside namespace replayssm, after everything it uses.
-template <typename ckpt_t, int kN>
-struct ReplayLanesV10 {
-  static constexpr int kVecsPerRow = kN * int(sizeof(ckpt_t)) / 16;
-  static constexpr int value = kVecsPerRow <= 4 ? kVecsPerRow : (kVecsPerRow / 8 > 4 ? kVecsPerRow / 8 : 4);
-};
-template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages>
+// src_t == ckpt_t: v10 verbatim. src_t == bf16 (an fp32 checkpoint's output view, REPLAYSSM_TUNE
+// replay_variant=3 on view caches; to be measured): rows streamed from the view, folds read the fp32 master and
+// write master and view (as the general kernel does), the rest unchanged.
+template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel_v10(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
                               const bool io_vec, const bool prefetch_ring) {
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayLanesV10<ckpt_t, kN>::value>;
+  constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
+  static_assert(!kView || std::is_same_v<ckpt_t, float>, "the output view is of an fp32 checkpoint");
+  using Layout = RowLayout<src_t, kN, kThreads, 1, ReplayLanes<src_t, kN>::value>;
   constexpr int kLanes = Layout::kLanesPerRow;
   constexpr int kVecs = Layout::kVecsPerLane;
   constexpr int kCols = Layout::kColsPerLane;
@@ -52,6 +53,14 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   };
   auto ckpt_row = [&](const RowPos& q) { return ckpt_group + (head_begin + q.hl) * c.ckpt_head_stride + q.i * c.ckpt_row_stride; };
+  // The rows streamed for the outputs: the checkpoint's, or its view's.
+  auto src_row = [&](const RowPos& q) {
+    if constexpr (kView)
+      return static_cast<const src_t*>(c.view) + slot * c.view_slot_stride +
+             (int64_t(g) * heads_per_group + head_begin + q.hl) * c.view_head_stride + q.i * c.view_row_stride;
+    else
+      return ckpt_row(q);
+  };
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const ReplaySmem off(kStages * kVecs * kThreads * 16, sizeof(act_t), rows_per_block, kN, L, max_heads);
@@ -73,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   RowPos copy_pos = pos0;
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
     if (it < n_iter && copy_pos.r < row_end) {
-      const ckpt_t* src = ckpt_row(copy_pos);
+      const src_t* src = src_row(copy_pos);
 #pragma unroll
       for (int v = 0; v < kVecs; ++v)
         cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
@@ -181,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
-      const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
+      const src_t* elems = reinterpret_cast<const src_t*>(&raw);
 #pragma unroll
       for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = to_float(elems[e]);
     }
@@ -200,6 +209,17 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
     if (fold) {
       // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
+      if constexpr (kView) {  // from this lane's columns of the fp32 master row (the view served the output)
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+          for (int e = 0; e < Layout::kVec; e += 4) {
+            const float4 m = valid ? __ldcs(reinterpret_cast<const float4*>(ckpt_row(q) + Layout::col(lane_in_row, v, e)))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+            s[v * Layout::kVec + e] = m.x, s[v * Layout::kVec + e + 1] = m.y, s[v * Layout::kVec + e + 2] = m.z,
+                                 s[v * Layout::kVec + e + 3] = m.w;
+          }
+      }
       const float dcy = decay[hl];
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= dcy;
@@ -220,9 +240,22 @@ __global__ void __launch_bounds__(kThreads, 3)
           s[v * Layout::kVec + e] = fmaf(coef, Bt_s[Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
       if (valid) {
         ckpt_t* row = const_cast<ckpt_t*>(ckpt_row(q));
+        if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
+          src_t* vrow = const_cast<src_t*>(src_row(q));
 #pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-          store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+          for (int v = 0; v < kVecs; ++v) {
+#pragma unroll
+            for (int e = 0; e < Layout::kVec; e += 4)
+              __stcs(reinterpret_cast<float4*>(row + Layout::col(lane_in_row, v, e)),
+                     make_float4(s[v * Layout::kVec + e], s[v * Layout::kVec + e + 1], s[v * Layout::kVec + e + 2],
+                                 s[v * Layout::kVec + e + 3]));
+            store16_stream(vrow + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+          }
+        } else {
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v)
+            store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+        }
       }
     }
   }
@@ -243,12 +276,12 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
 }
 
-template <typename ckpt_t, typename act_t, int kN>
+template <typename ckpt_t, typename act_t, int kN, typename src_t = ckpt_t, int kStages = 3>
 void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
   // Two stages in flight while a third is read, 128 bytes of a row per thread per stage: with three blocks
   // of 128 threads per SM, ~96 KiB of checkpoint reads outstanding per SM.
-  constexpr int kThreads = 128, kStages = 3;
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, ReplayLanesV10<ckpt_t, kN>::value>;
+  constexpr int kThreads = 128;
+  using Layout = RowLayout<src_t, kN, kThreads, 1, ReplayLanes<src_t, kN>::value>;
   const Mamba2ReplayCacheParams& c = p.cache;
   // Rows of a group per block: enough blocks for ~4 waves of 3 blocks per SM (prologues overlap other
   // blocks' streaming; the last wave is short), at most 256 rows (measured: 512 rows 5% slower at batch 128,
@@ -290,7 +323,7 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   const int forced_prefetch = tune_knob("replay_prefetch");
   const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * 3;
   const size_t smem_bytes = smem_for(rows_per_block);
-  auto kernel = mamba2_replay_step_kernel_v10<ckpt_t, act_t, kN, kThreads, kStages>;
+  auto kernel = mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages>;
   if (smem_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");
