@@ -103,7 +103,10 @@ def analytic_bytes(batch, T, L, accs, shape, passes=4, act_bytes=2, state_bytes=
     return {"verify": verify / len(accs), "baseline": baseline}
 
 
-def bench(batch, T, rate, L, steps, shape, gen, smoke=False) -> dict:
+VERIFY_TUNES = ["verify_variant=1"]  # alternative verify kernels (REPLAYSSM_TUNE), timed with --tune
+
+
+def bench(batch, T, rate, L, steps, shape, gen, smoke=False, tune=False) -> dict:
     device = "cpu" if smoke else "cuda"
     H, P, N, G = shape
     state_layer = batch * H * P * N * 4
@@ -129,6 +132,12 @@ def bench(batch, T, rate, L, steps, shape, gen, smoke=False) -> dict:
     r["verify_us"] = common.time_graph(run(verify_step)) / (steps * n_layers)
     r["baseline_us"] = common.time_graph(run(baseline_step)) / (steps * n_layers)
     r["speedup"] = r["baseline_us"] / r["verify_us"]
+    for setting in VERIFY_TUNES if tune else []:
+        os.environ["REPLAYSSM_TUNE"] = setting
+        try:
+            r.setdefault("verify_tuning_us", {})[setting] = common.time_graph(run(verify_step)) / (steps * n_layers)
+        finally:
+            del os.environ["REPLAYSSM_TUNE"]
     return r
 
 
@@ -146,6 +155,7 @@ def main():
     parser.add_argument("--ring-len", type=int, default=32)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--tune", action="store_true", help="also time the alternative verify kernels")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "mamba2_speculative.json"))
     args = parser.parse_args()
     if args.smoke:
@@ -161,7 +171,7 @@ def main():
         one_step = replay_step_us(batch, 16, shape, gen)
         for T in args.T:
             for rate in args.rates:
-                r = bench(batch, T, rate, args.ring_len, args.steps, shape, gen)
+                r = bench(batch, T, rate, args.ring_len, args.steps, shape, gen, tune=args.tune)
                 r["replay_step_us"] = one_step
                 r["verify_over_replay_step"] = r["verify_us"] / one_step
                 r["verify_floor_us"] = r["bytes"]["verify"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
@@ -173,7 +183,8 @@ def main():
     print(f"\n{'batch':>5} {'T':>2} {'rate':>5} {'baseline':>9} {'verify':>8} {'floor':>7} {'speedup':>8} {'/replay':>8}")
     for r in rows:
         print(f"{r['batch']:>5} {r['T']:>2} {r['rate']:>5.2f} {r['baseline_us']:>9.1f} {r['verify_us']:>8.1f} "
-              f"{r['verify_floor_us']:>7.1f} {r['speedup']:>7.2f}x {r['verify_over_replay_step']:>7.2f}x")
+              f"{r['verify_floor_us']:>7.1f} {r['speedup']:>7.2f}x {r['verify_over_replay_step']:>7.2f}x  "
+              + " ".join(f"{k}: {v:.1f}" for k, v in r.get("verify_tuning_us", {}).items()))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One job on the H200 machine: build for sm_90a, run the tests (CUDA ones included), the demo, the benchmark
 # and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
-# with steps from: build test sanitize racecheck demo bench tune ncu profile stalls spec gdn gdntune (default: build test demo bench ncu).
+# with steps from: build test sanitize racecheck demo bench tune ncu profile stalls spec spectune gdn gdntune (default: build test demo bench ncu).
 # tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch;
 # stalls: where that launch's warps were sampled, per SASS instruction (bench/ncu_top_stalls.py);
 # spec: speculative verify+commit vs the per-position baseline (issue 3); gdn: the GDN decode steps (issue 4);
-# gdntune: gdn plus the GDN kernels' alternative launch configurations.
+# spectune, gdntune: spec, gdn plus the kernels' alternative launch configurations.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -47,6 +47,7 @@ for step in $STEPS; do
         ncu -i /tmp/rssm_stalls.ncu-rep --page source --csv --print-source sass > $OUT/stalls.csv && \
         python3 bench/ncu_top_stalls.py $OUT/stalls.csv" ;;
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;
+    spectune) run spec python3 bench/bench_speculative.py --tune --out "$OUT/mamba2_speculative.json" ;;
     gdn) run gdn python3 bench/bench_gdn.py --out "$OUT/gdn_decode.json" ;;
     gdntune) run gdn python3 bench/bench_gdn.py --tune --out "$OUT/gdn_decode.json" ;;
     profile) run profile ncu --clock-control none -k regex:${PROFILE_KERNEL:-mamba2_replay_step_kernel} -s 2 -c 1 \

@@ -63,7 +63,7 @@ def test_verify_commit_property_over_many_steps(device):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("tune", ["verify_rows=32", "verify_rows=64", ""])
+@pytest.mark.parametrize("tune", ["verify_rows=32", "verify_rows=64", "", "verify_variant=1", "verify_variant=1,verify_rows=32"])
 def test_cuda_verify_launch_configurations(monkeypatch, tune):
     """The verify kernel with several blocks per (slot, group), heads straddling blocks (P = 24), N = 128:
     the same property as above."""

@@ -49,7 +49,12 @@ struct VerifySmem {  // byte offsets, each section 16-byte aligned
   }
 };
 
-template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
+// kChunked (REPLAYSSM_TUNE verify_variant=1; to be measured): a row's tokens in chunks of kRegTokens whose
+// sums run side by side (one pass over the ring positions serving every token of the chunk, each x_j loaded
+// once; the chunk's lane reductions independent of one another), where the default forms one token after
+// another, each a dependent chain of loads and shuffles.
+template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
+          bool kChunked = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     mamba2_replay_verify_kernel(const Mamba2ReplayVerifyParams p, const int rows_per_block, const int max_heads, const bool io_vec) {
   using Layout = RowLayout<ckpt_t, kN, kThreads, 1, kLanesPerRow>;
@@ -266,10 +271,64 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
             from_float<act_t>(y);
       }
     };
+    if constexpr (!kChunked) {
 #pragma unroll
-    for (int k = 0; k < kRegTokens; ++k)
-      if (k < T) output(k, Creg[k]);
-    for (int k = kRegTokens; k < T; ++k) output(k, nullptr);
+      for (int k = 0; k < kRegTokens; ++k)
+        if (k < T) output(k, Creg[k]);
+      for (int k = kRegTokens; k < T; ++k) output(k, nullptr);
+    } else {
+      // Tokens k0 .. k0 + kRegTokens - 1 (those < T); C from registers for the first chunk (k0 == 0).
+      auto chunk = [&](const int k0, auto from_regs) {
+        constexpr bool kRegs = decltype(from_regs)::value;
+        float y[kRegTokens];
+#pragma unroll
+        for (int kk = 0; kk < kRegTokens; ++kk) {
+          const int k = k0 + kk;
+          float sc = 0.f;
+          if constexpr (kRegs) {
+#pragma unroll
+            for (int col = 0; col < kCols; ++col) sc = fmaf(s[col], Creg[kk][col], sc);
+          } else if (k < T) {
+            const float* Ck = Cf + k * kN;
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+              for (int e = 0; e < kVec; e += 4) {
+                const float4 cv = *reinterpret_cast<const float4*>(Ck + Layout::col(lane_in_row, v, e));
+                sc = fmaf(s[v * kVec + e], cv.x, sc);
+                sc = fmaf(s[v * kVec + e + 1], cv.y, sc);
+                sc = fmaf(s[v * kVec + e + 2], cv.z, sc);
+                sc = fmaf(s[v * kVec + e + 3], cv.w, sc);
+              }
+          }
+          y[kk] = k < T ? deck[hl * Tmax + k] * sc : 0.f;
+        }
+        const int t_last = base + min(k0 + kRegTokens, T) - 1;  // the chunk's last ring position
+        for (int j = lane_in_row; j <= t_last; j += kLanes) {
+          const float xj = to_float(j < base ? xold[j * ts + rl] : xnew[(j - base) * ts + rl]);
+#pragma unroll
+          for (int kk = 0; kk < kRegTokens; ++kk) {
+            const int k = k0 + kk;
+            if (k < T && j <= base + k) y[kk] = fmaf(W[(hl * Tmax + k) * L + j], xj, y[kk]);
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < kRegTokens; ++kk) y[kk] = group_sum<kLanes>(y[kk]);
+        if (valid && lane_in_row == 0) {
+#pragma unroll
+          for (int kk = 0; kk < kRegTokens; ++kk) {
+            const int k = k0 + kk;
+            if (k >= T) break;
+            float out = fmaf(Ds[hl], to_float(xnew[k * ts + rl]), y[kk]);
+            if (p.z) out *= silu(to_float(znew[k * ts + rl]));
+            static_cast<act_t*>(p.out)[b * p.out_batch_stride + k * p.out_token_stride + (h0 + hl) * p.out_head_stride + q.i] =
+                from_float<act_t>(out);
+          }
+        }
+      };
+      chunk(0, std::true_type{});
+      for (int k0 = kRegTokens; k0 < T; k0 += kRegTokens) chunk(k0, std::false_type{});
+    }
   }
   cp_async_wait<0>();  // (only empty groups remain)
   // This block's rows of the window's x into the ring (its reads of the committed entries are done).
@@ -312,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
 // Launch: 128 threads, the replay step's row layout and stages (StreamLanes, kStreamStages), 256 rows per block
 // at most, fewer when that keeps three blocks on an SM within its shared memory, or when the grid would not
-// fill the GPU. REPLAYSSM_TUNE: verify_rows (rows per block).
+// fill the GPU. REPLAYSSM_TUNE: verify_rows (rows per block), verify_variant (1: kChunked).
 template <typename ckpt_t, typename act_t, int kN>
 void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t stream) {
   constexpr int kThreads = 128, kStages = kStreamStages, kMinBlocks = 3;
@@ -353,7 +412,9 @@ void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t
                       c.ring_x_slot_stride % kV == 0 && c.ring_x_pos_stride % kV == 0 && c.ring_B_slot_stride % kV == 0 &&
                       c.ring_B_pos_stride % kV == 0 && c.ring_B_group_stride % kV == 0 &&
                       (!p.z || (aligned16(p.z) && p.z_head_stride == p.headdim && p.z_batch_stride % kV == 0 && p.z_token_stride % kV == 0));
-  auto kernel = mamba2_replay_verify_kernel<ckpt_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks>;
+  auto kernel = tune_knob("verify_variant") == 1
+                    ? mamba2_replay_verify_kernel<ckpt_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, true>
+                    : mamba2_replay_verify_kernel<ckpt_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, false>;
   const int smem_bytes = smem_for(rows_per_block);
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes), "mamba2_replay_verify shared memory");
   const dim3 grid((group_rows + rows_per_block - 1) / rows_per_block, p.ngroups, p.batch);
