@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One job on the H200 machine: build for sm_90a, run the tests (CUDA ones included), the demo, the benchmark
 # and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
-# with steps from: build test sanitize racecheck demo bench tune ncu profile stalls spec spectune gdn gdntune (default: build test demo bench ncu).
+# with steps from: build test sanitize racecheck demo bench tune ncu profile stalls spec spectune gdn gdntune gdnspec (default: build test demo bench ncu).
 # tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch;
 # stalls: where that launch's warps were sampled, per SASS instruction (bench/ncu_top_stalls.py);
 # spec: speculative verify+commit vs the per-position baseline (issue 3); gdn: the GDN decode steps (issue 4);
-# spectune, gdntune: spec, gdn plus the kernels' alternative launch configurations.
+# spectune, gdntune: spec, gdn plus the kernels' alternative launch configurations; gdnspec: GDN verify+commit
+# vs its per-position baseline, with the alternative verify kernel.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -49,6 +50,7 @@ for step in $STEPS; do
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;
     spectune) run spec python3 bench/bench_speculative.py --tune --out "$OUT/mamba2_speculative.json" ;;
     gdn) run gdn python3 bench/bench_gdn.py --out "$OUT/gdn_decode.json" ;;
+    gdnspec) run gdnspec python3 bench/bench_gdn_speculative.py --tune --out "$OUT/gdn_speculative.json" ;;
     gdntune) run gdn python3 bench/bench_gdn.py --tune --out "$OUT/gdn_decode.json" ;;
     profile) run profile ncu --clock-control none -k regex:${PROFILE_KERNEL:-mamba2_replay_step_kernel} -s 2 -c 1 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
