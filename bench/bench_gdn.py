@@ -76,7 +76,7 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
                                    out=t["out"])
     r["standard_us"] = timer(standard_cycle) / (L * n_layers)
     if tune:
-        r["standard_tuning_us"] = {k: v / (L * n_layers) for k, v in timed_configs(standard_cycle, STEP_TUNES).items()}
+        r["standard_tuning_us"] = {k: v / (L * n_layers) for k, v in common.timed_configs(standard_cycle, STEP_TUNES).items()}
 
     if fla is not None and not smoke:
         def fla_cycle():
@@ -103,7 +103,7 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
     before = torch.stack([c.cursor.clone() for c in caches])
     r["replay_us"] = timer(replay_cycle) / (L * n_layers)
     if tune:
-        r["replay_tuning_us"] = {k: v / (L * n_layers) for k, v in timed_configs(replay_cycle, REPLAY_TUNES).items()}
+        r["replay_tuning_us"] = {k: v / (L * n_layers) for k, v in common.timed_configs(replay_cycle, REPLAY_TUNES).items()}
     assert torch.equal(before, torch.stack([c.cursor for c in caches])), "cursors did not advance full cycles"
     return r
 
@@ -113,18 +113,6 @@ STEP_TUNES = ["gdn_step_unroll=2", "gdn_step_unroll=8", "gdn_step_lanes=16", "gd
               "gdn_step_bps=16"]
 REPLAY_TUNES = ["gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=3", "gdn_replay_prefetch=0",
                 "gdn_replay_prefetch=1", "gdn_replay_rows=128", "gdn_replay_bps=24"]
-
-
-def timed_configs(fn, tunes) -> dict:
-    """µs of fn's graph under each REPLAYSSM_TUNE setting (the default restored afterwards)."""
-    out = {}
-    for tune in tunes:
-        os.environ["REPLAYSSM_TUNE"] = tune
-        try:
-            out[tune] = common.time_graph(fn)
-        finally:
-            del os.environ["REPLAYSSM_TUNE"]
-    return out
 
 
 def main():

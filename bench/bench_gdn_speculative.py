@@ -16,7 +16,6 @@ cost is measured.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -24,14 +23,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from bench_speculative import accepted_counts  # noqa: E402
+import bench_speculative as spec  # noqa: E402
 
 import replayssm  # noqa: E402
 from replayssm import GdnReplayCache  # noqa: E402
 
 ACT = torch.bfloat16
-VERIFY_TUNES = ["gdn_verify_variant=1"]  # alternative verify kernels (REPLAYSSM_TUNE), timed with --tune
 
 
 def window(batch, T, shape, gen, device):
@@ -68,57 +65,11 @@ def baseline_step(layer, tok, acc, T):
                            layer.A_log, slot_ids=layer.pos_slots[k], dt_bias=layer.dt_bias, out=tok["out"][:, k])
 
 
-def analytic_bytes(batch, T, L, accs, shape, passes=4, act_bytes=2, state_bytes=4):
-    """Average bytes per step: verify+commit (following the cursors through `passes` replays of the step
-    sequence from empty rings, averaging the last: the steady state the timing sees) and the baseline."""
+def analytic_bytes(batch, T, L, accs, shape, act_bytes=2, state_bytes=4):
     HV, H, K, V = shape
-    state = HV * V * K * state_bytes
-    ring_token = HV * V * 4 + H * K * 4 + HV * 4  # u, k, g (fp32)
-    io_token = 2 * H * K * act_bytes + 2 * HV * V * act_bytes + 2 * HV * act_bytes  # q, k; v, out; a, b
-    cur = torch.zeros(batch, dtype=torch.int64)
-    for _ in range(passes):
-        verify = 0.0
-        for acc in accs:
-            fold = cur + T > L
-            verify += batch * (state + T * io_token + T * ring_token) + float(cur.sum()) * ring_token
-            verify += float(fold.sum()) * state
-            cur = torch.where(fold, torch.zeros_like(cur), cur) + acc.cpu().long()
-    baseline = batch * T * (2 * state + io_token)
-    return {"verify": verify / len(accs), "baseline": baseline}
-
-
-def bench(batch, T, rate, L, steps, shape, gen, smoke=False, tune=False) -> dict:
-    device = "cpu" if smoke else "cuda"
-    HV, H, K, V = shape
-    state_layer = batch * HV * V * K * 4
-    n_layers = 1 if smoke else max(2, math.ceil(4 * common.l2_bytes() / state_layer))
-    layers = [Layer(batch, T, L, shape, gen, device) for _ in range(n_layers)]
-    toks = [[window(batch, T, shape, gen, device) for _ in layers] for _ in range(steps)]
-    accs = [[accepted_counts(batch, T, rate, gen, device) for _ in layers] for _ in range(steps)]
-    nbytes = analytic_bytes(batch, T, L, [a[0] for a in accs], shape)
-
-    def run(fn):
-        def cycle():
-            for step_toks, step_accs in zip(toks, accs):
-                for layer, tok, acc in zip(layers, step_toks, step_accs):
-                    fn(layer, tok, acc, T)
-        return cycle
-
-    if smoke:
-        run(verify_step)()
-        run(baseline_step)()
-        return {"batch": batch, "T": T, "rate": rate, "bytes": nbytes}
-    r = {"batch": batch, "T": T, "rate": rate, "ring_len": L, "steps": steps, "layers_rotated": n_layers, "bytes": nbytes}
-    r["verify_us"] = common.time_graph(run(verify_step)) / (steps * n_layers)
-    r["baseline_us"] = common.time_graph(run(baseline_step)) / (steps * n_layers)
-    r["speedup"] = r["baseline_us"] / r["verify_us"]
-    for setting in VERIFY_TUNES if tune else []:
-        os.environ["REPLAYSSM_TUNE"] = setting
-        try:
-            r.setdefault("verify_tuning_us", {})[setting] = common.time_graph(run(verify_step)) / (steps * n_layers)
-        finally:
-            del os.environ["REPLAYSSM_TUNE"]
-    return r
+    return spec.window_bytes(batch, T, L, accs, state=HV * V * K * state_bytes,
+                             ring_token=HV * V * 4 + H * K * 4 + HV * 4,  # u, k, g (fp32)
+                             io_token=2 * H * K * act_bytes + 2 * HV * V * act_bytes + 2 * HV * act_bytes)  # q, k; v, out; a, b
 
 
 def replay_step_us(batch, L, shape, gen) -> float:
@@ -127,45 +78,8 @@ def replay_step_us(batch, L, shape, gen) -> float:
     return bg.bench_batch(batch, L, shape, None, gen)["replay_us"]
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--batches", type=int, nargs="+", default=[32, 128, 256])
-    parser.add_argument("--T", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.25, 0.5, 0.75, 1.0])
-    parser.add_argument("--ring-len", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--tune", action="store_true", help="also time the alternative verify kernels")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gdn_speculative.json"))
-    args = parser.parse_args()
-    if args.smoke:
-        gen = torch.Generator().manual_seed(0)
-        for T in (2, 4):
-            print(bench(3, T, 0.5, 8, 5, (4, 2, 16, 8), gen, smoke=True))
-        return
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    shape = (32, 16, 128, 128)  # HV, H, K, V
-    bw = common.measure_bandwidth()
-    rows = []
-    for batch in args.batches:
-        one_step = replay_step_us(batch, 16, shape, gen)
-        for T in args.T:
-            for rate in args.rates:
-                r = bench(batch, T, rate, args.ring_len, args.steps, shape, gen, tune=args.tune)
-                r["replay_step_us"] = one_step
-                r["verify_over_replay_step"] = r["verify_us"] / one_step
-                r["verify_floor_us"] = r["bytes"]["verify"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
-                r["baseline_floor_us"] = r["bytes"]["baseline"] / (bw["copy_TBps"] * 1e6)
-                rows.append(r)
-                print(r, flush=True)
-    common.write_result(args.out, {"bandwidth": bw, "shape": dict(zip(("HV", "H", "K", "V"), shape)),
-                                   "state_dtype": "float32", "act_dtype": "bfloat16", "rows": rows})
-    print(f"\n{'batch':>5} {'T':>2} {'rate':>5} {'baseline':>9} {'verify':>8} {'floor':>7} {'speedup':>8} {'/replay':>8}")
-    for r in rows:
-        print(f"{r['batch']:>5} {r['T']:>2} {r['rate']:>5.2f} {r['baseline_us']:>9.1f} {r['verify_us']:>8.1f} "
-              f"{r['verify_floor_us']:>7.1f} {r['speedup']:>7.2f}x {r['verify_over_replay_step']:>7.2f}x  "
-              + " ".join(f"{k}: {v:.1f}" for k, v in r.get("verify_tuning_us", {}).items()))
-
+GDN = spec.Kind("gdn", (32, 16, 128, 128), (4, 2, 16, 8), lambda s: s[0] * s[2] * s[3] * 4, Layer, window, verify_step,
+                baseline_step, analytic_bytes, replay_step_us, ["gdn_verify_variant=1"], "gdn_speculative.json")
 
 if __name__ == "__main__":
-    main()
+    spec.main(GDN)

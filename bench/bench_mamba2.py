@@ -73,18 +73,6 @@ REPLAY_TUNES = ["replay_prefetch=0", "replay_prefetch=1", "replay_rows=128", "re
 VIEW_TUNES = ["replay_variant=3"]  # the view through the plain-cache (v10) kernel
 
 
-def timed_configs(fn, tunes) -> dict:
-    """µs of fn's graph under each REPLAYSSM_TUNE setting (the default restored afterwards)."""
-    out = {}
-    for tune in tunes:
-        os.environ["REPLAYSSM_TUNE"] = tune
-        try:
-            out[tune] = common.time_graph(fn)
-        finally:
-            del os.environ["REPLAYSSM_TUNE"]
-    return out
-
-
 def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
     state_layer = batch * H * P * N * 4
     n_layers = max(2, math.ceil(4 * common.l2_bytes() / state_layer))
@@ -104,7 +92,7 @@ def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
                 replayssm.mamba2_step(pool, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots, out=t["out"], **kw)
     result["standard_us"] = common.time_graph(standard_cycle) / (L * n_layers)
     if tune:
-        result["standard_tuning_us"] = {k: v / (L * n_layers) for k, v in timed_configs(standard_cycle, STEP_TUNES).items()}
+        result["standard_tuning_us"] = {k: v / (L * n_layers) for k, v in common.timed_configs(standard_cycle, STEP_TUNES).items()}
 
     if ssu is not None:
         A_t = A[:, None, None].expand(H, P, N)
@@ -146,7 +134,7 @@ def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, result, view, t
     result[f"{name}_us"] = common.time_graph(replay_cycle) / (L * n_layers)
     if tune:
         tunes = REPLAY_TUNES if view is None else VIEW_TUNES
-        result[f"{name}_tuning_us"] = {k: v / (L * n_layers) for k, v in timed_configs(replay_cycle, tunes).items()}
+        result[f"{name}_tuning_us"] = {k: v / (L * n_layers) for k, v in common.timed_configs(replay_cycle, tunes).items()}
     # Every replay of the cycle is L steps: cursors come back where they started, having gone all the way round.
     assert torch.equal(cursors_before, torch.stack([c.cursor for c in caches])), "cursors did not advance a full cycle"
     del caches

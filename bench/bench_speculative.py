@@ -25,6 +25,8 @@ import argparse
 import math
 import os
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -84,13 +86,10 @@ def baseline_step(layer, tok, acc, T):
     layer.head.copy_((layer.head + acc) % (T + 1))  # the row's state is now its last accepted token's
 
 
-def analytic_bytes(batch, T, L, accs, shape, passes=4, act_bytes=2, state_bytes=4):
-    """Average bytes per step: verify+commit (following the cursors through `passes` replays of the step
-    sequence, from empty rings, and averaging the last: the steady state the timing sees) and the baseline."""
-    H, P, N, G = shape
-    state = H * P * N * state_bytes
-    ring_token = H * P * act_bytes + G * N * act_bytes + H * 4
-    io_token = 3 * H * P * act_bytes + H * act_bytes + 2 * G * N * act_bytes  # x, z, out; dt; B, C
+def window_bytes(batch, T, L, accs, state, ring_token, io_token, passes=4) -> dict:
+    """Average bytes per step (any layer kind, from its per-row state, ring-token and input/output bytes):
+    verify+commit, following the cursors through `passes` replays of the step sequence from empty rings and
+    averaging the last (the steady state the timing sees), and the per-position baseline."""
     cur = torch.zeros(batch, dtype=torch.int64)
     for _ in range(passes):
         verify = 0.0
@@ -99,22 +98,50 @@ def analytic_bytes(batch, T, L, accs, shape, passes=4, act_bytes=2, state_bytes=
             verify += batch * (state + T * io_token + T * ring_token) + float(cur.sum()) * ring_token
             verify += float(fold.sum()) * state
             cur = torch.where(fold, torch.zeros_like(cur), cur) + acc.cpu().long()
-    baseline = batch * T * (2 * state + io_token)
-    return {"verify": verify / len(accs), "baseline": baseline}
+    return {"verify": verify / len(accs), "baseline": batch * T * (2 * state + io_token)}
 
 
-VERIFY_TUNES = ["verify_variant=1"]  # alternative verify kernels (REPLAYSSM_TUNE), timed with --tune
-
-
-def bench(batch, T, rate, L, steps, shape, gen, smoke=False, tune=False) -> dict:
-    device = "cpu" if smoke else "cuda"
+def analytic_bytes(batch, T, L, accs, shape, act_bytes=2, state_bytes=4):
     H, P, N, G = shape
-    state_layer = batch * H * P * N * 4
-    n_layers = 1 if smoke else max(2, math.ceil(4 * common.l2_bytes() / state_layer))
-    layers = [Layer(batch, T, L, shape, gen, device) for _ in range(n_layers)]
-    toks = [[window(batch, T, shape, gen, device) for _ in layers] for _ in range(steps)]
+    return window_bytes(batch, T, L, accs, state=H * P * N * state_bytes,
+                        ring_token=H * P * act_bytes + G * N * act_bytes + H * 4,  # x, B (activation dtype), dt
+                        io_token=3 * H * P * act_bytes + H * act_bytes + 2 * G * N * act_bytes)  # x, z, out; dt; B, C
+
+
+def replay_step_us(batch, L, shape, gen) -> float:
+    """One mamba2_replay_step at this batch (µs per step and layer), timed as in bench_mamba2.py."""
+    import bench_mamba2 as bm
+    return bm.bench_batch(batch, L, None, gen)["replay_us"]
+
+
+@dataclass
+class Kind:
+    """What the benchmark needs of a layer kind."""
+    name: str
+    shape: tuple  # the benchmark's layer shape
+    smoke_shape: tuple
+    state_bytes: Callable  # shape -> bytes of one row's state
+    Layer: type  # Layer(batch, T, L, shape, gen, device)
+    window: Callable  # window(batch, T, shape, gen, device) -> inputs of T tokens
+    verify_step: Callable  # (layer, tok, acc, T)
+    baseline_step: Callable
+    analytic_bytes: Callable  # (batch, T, L, accs, shape) -> {"verify", "baseline"}
+    replay_step_us: Callable  # (batch, L, shape, gen)
+    tunes: list  # alternative verify kernels (REPLAYSSM_TUNE), timed with --tune
+    out: str  # default result file name
+
+
+MAMBA2 = Kind("mamba2", (128, 64, 128, 8), (4, 16, 32, 2), lambda s: s[0] * s[1] * s[2] * 4, Layer, window, verify_step,
+              baseline_step, analytic_bytes, replay_step_us, ["verify_variant=1"], "mamba2_speculative.json")
+
+
+def bench(kind, batch, T, rate, L, steps, shape, gen, smoke=False, tune=False) -> dict:
+    device = "cpu" if smoke else "cuda"
+    n_layers = 1 if smoke else max(2, math.ceil(4 * common.l2_bytes() / (batch * kind.state_bytes(shape))))
+    layers = [kind.Layer(batch, T, L, shape, gen, device) for _ in range(n_layers)]
+    toks = [[kind.window(batch, T, shape, gen, device) for _ in layers] for _ in range(steps)]
     accs = [[accepted_counts(batch, T, rate, gen, device) for _ in layers] for _ in range(steps)]
-    nbytes = analytic_bytes(batch, T, L, [a[0] for a in accs], shape)
+    nbytes = kind.analytic_bytes(batch, T, L, [a[0] for a in accs], shape)
 
     def run(fn):
         def cycle():
@@ -124,30 +151,20 @@ def bench(batch, T, rate, L, steps, shape, gen, smoke=False, tune=False) -> dict
         return cycle
 
     if smoke:
-        run(verify_step)()
-        run(baseline_step)()
+        run(kind.verify_step)()
+        run(kind.baseline_step)()
         return {"batch": batch, "T": T, "rate": rate, "bytes": nbytes}
     r = {"batch": batch, "T": T, "rate": rate, "ring_len": L, "steps": steps, "layers_rotated": n_layers, "bytes": nbytes}
     # Both timings run `steps` steps per replay; cursors and heads go on from where they were (the steady state).
-    r["verify_us"] = common.time_graph(run(verify_step)) / (steps * n_layers)
-    r["baseline_us"] = common.time_graph(run(baseline_step)) / (steps * n_layers)
+    r["verify_us"] = common.time_graph(run(kind.verify_step)) / (steps * n_layers)
+    r["baseline_us"] = common.time_graph(run(kind.baseline_step)) / (steps * n_layers)
     r["speedup"] = r["baseline_us"] / r["verify_us"]
-    for setting in VERIFY_TUNES if tune else []:
-        os.environ["REPLAYSSM_TUNE"] = setting
-        try:
-            r.setdefault("verify_tuning_us", {})[setting] = common.time_graph(run(verify_step)) / (steps * n_layers)
-        finally:
-            del os.environ["REPLAYSSM_TUNE"]
+    if tune:
+        r["verify_tuning_us"] = {k: v / (steps * n_layers) for k, v in common.timed_configs(run(kind.verify_step), kind.tunes).items()}
     return r
 
 
-def replay_step_us(batch, L, shape, gen) -> float:
-    """One mamba2_replay_step at this batch (µs per step and layer), timed as in bench_mamba2.py."""
-    import bench_mamba2 as bm
-    return bm.bench_batch(batch, L, None, gen)["replay_us"]
-
-
-def main():
+def main(kind=MAMBA2):
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 128, 256])
     parser.add_argument("--T", type=int, nargs="+", default=[2, 4, 8])
@@ -156,30 +173,30 @@ def main():
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--tune", action="store_true", help="also time the alternative verify kernels")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "mamba2_speculative.json"))
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", kind.out))
     args = parser.parse_args()
     if args.smoke:
         gen = torch.Generator().manual_seed(0)
         for T in (2, 4):
-            print(bench(3, T, 0.5, 8, 5, (4, 16, 32, 2), gen, smoke=True))
+            print(bench(kind, 3, T, 0.5, 8, 5, kind.smoke_shape, gen, smoke=True))
         return
     gen = torch.Generator(device="cuda").manual_seed(0)
-    shape = (128, 64, 128, 8)  # Nemotron-H 8B Mamba-2 layer: H, P, N, G
     bw = common.measure_bandwidth()
     rows = []
     for batch in args.batches:
-        one_step = replay_step_us(batch, 16, shape, gen)
+        one_step = kind.replay_step_us(batch, 16, kind.shape, gen)
         for T in args.T:
             for rate in args.rates:
-                r = bench(batch, T, rate, args.ring_len, args.steps, shape, gen, tune=args.tune)
+                r = bench(kind, batch, T, rate, args.ring_len, args.steps, kind.shape, gen, tune=args.tune)
                 r["replay_step_us"] = one_step
                 r["verify_over_replay_step"] = r["verify_us"] / one_step
                 r["verify_floor_us"] = r["bytes"]["verify"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
                 r["baseline_floor_us"] = r["bytes"]["baseline"] / (bw["copy_TBps"] * 1e6)
                 rows.append(r)
                 print(r, flush=True)
-    common.write_result(args.out, {"bandwidth": bw, "shape": dict(zip("HPNG", shape)), "state_dtype": "float32",
-                                   "act_dtype": "bfloat16", "rows": rows})
+    names = ("H", "P", "N", "G") if kind.name == "mamba2" else ("HV", "H", "K", "V")
+    common.write_result(args.out, {"bandwidth": bw, "layer": kind.name, "shape": dict(zip(names, kind.shape)),
+                                   "state_dtype": "float32", "act_dtype": "bfloat16", "rows": rows})
     print(f"\n{'batch':>5} {'T':>2} {'rate':>5} {'baseline':>9} {'verify':>8} {'floor':>7} {'speedup':>8} {'/replay':>8}")
     for r in rows:
         print(f"{r['batch']:>5} {r['T']:>2} {r['rate']:>5.2f} {r['baseline_us']:>9.1f} {r['verify_us']:>8.1f} "

@@ -46,6 +46,18 @@ def time_graph(fn: Callable[[], None], replays: int = 20, warmup: int = 3) -> fl
     return statistics.median(times)
 
 
+def timed_configs(fn: Callable[[], None], tunes) -> dict:
+    """µs of fn's graph (time_graph) under each REPLAYSSM_TUNE setting in tunes, the environment restored after."""
+    out = {}
+    for tune in tunes:
+        os.environ["REPLAYSSM_TUNE"] = tune
+        try:
+            out[tune] = time_graph(fn)
+        finally:
+            del os.environ["REPLAYSSM_TUNE"]
+    return out
+
+
 def measure_bandwidth(nbytes: int = 4 * 2**30) -> dict:
     """Device-memory bandwidth in TB/s: a device-to-device copy (bytes read + written) and a read-only
     reduction, both over buffers many times the L2."""
