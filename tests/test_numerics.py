@@ -156,10 +156,11 @@ def test_cuda_numerical_split_matches_cpu(mode, N, act_dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("N", [16, 128, 256])
-def test_cuda_view_through_the_plain_kernel_matches_cpu(monkeypatch, N, act_dtype):
-    """The bf16 view streamed by the plain-cache (v10) kernel (REPLAYSSM_TUNE replay_variant=3): as above."""
+@pytest.mark.parametrize("mode", ["view", "stochastic"])
+def test_cuda_split_through_the_plain_kernel_matches_cpu(monkeypatch, mode, N, act_dtype):
+    """The numerical split through the plain-cache (v10) kernel (REPLAYSSM_TUNE replay_variant=3): as above."""
     monkeypatch.setenv("REPLAYSSM_TUNE", "replay_variant=3")
-    split_matches_cpu("view", N, act_dtype)
+    split_matches_cpu(mode, N, act_dtype)
 
 
 def split_matches_cpu(mode, N, act_dtype):

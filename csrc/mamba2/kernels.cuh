@@ -664,14 +664,16 @@ void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStrea
         if (p.cache.view == nullptr && variant == 1) return launch_mamba2_replay_step<float, float, act_t, kN, 3, 4, 3>(p, stream);
         if (p.cache.view == nullptr && variant == 2) return launch_mamba2_replay_step<float, float, act_t, kN, 8, 8, 3>(p, stream);
       }
-      if constexpr (kCkpt == DType::kFloat32) {  // 3: view caches through the v10 kernel, six stages (to be measured)
+      // 3: the numerical split through the v10 kernel (to be measured): the view with six stages.
+      if constexpr (kCkpt == DType::kFloat32) {
         if (p.cache.view != nullptr && variant == 3)
           return launch_mamba2_replay_step_v10<float, act_t, kN, __nv_bfloat16, kStreamStages>(p, stream);
       }
       // Plain caches (no view, rounding to nearest): the "v10" kernel (replay_plain.cuh), measured 1.2x faster
       // than this file's general kernel in the same layout (2026-11-29: 321 vs 393 us at batch 256; cause not
-      // yet found, bench/NOTES.md). The general kernel serves the numerical split, and replay_variant=0.
-      if (p.cache.view == nullptr && p.cache.sr_seed == nullptr && variant != 0)
+      // yet found, bench/NOTES.md). The general kernel serves the numerical split (stochastic rounding through
+      // v10 with replay_variant=3), and replay_variant=0.
+      if (p.cache.view == nullptr && (p.cache.sr_seed == nullptr ? variant != 0 : variant == 3))
         return launch_mamba2_replay_step_v10<ckpt_t, act_t, kN>(p, stream);
       if (p.cache.view == nullptr) return launch_mamba2_replay_step<ckpt_t, ckpt_t, act_t, kN>(p, stream);
       if constexpr (kCkpt == DType::kFloat32) return launch_mamba2_replay_step<float, __nv_bfloat16, act_t, kN>(p, stream);

@@ -5,9 +5,10 @@
 // the cause is known. (One change from v10: ReplayLanes gives 16-bit checkpoints of N = 256 eight lanes per
 // row, not four, which spilled registers.)
 // Included by kernels.cuh inside namespace replayssm, after everything it uses.
-// src_t == ckpt_t: v10 verbatim. src_t == bf16 (an fp32 checkpoint's output view, REPLAYSSM_TUNE
-// replay_variant=3 on view caches; to be measured): rows streamed from the view, folds read the fp32 master and
-// write master and view (as the general kernel does), the rest unchanged.
+// src_t == ckpt_t: v10 (plain caches). With REPLAYSSM_TUNE replay_variant=3 (to be measured, then the general
+// kernel retired) it also serves the numerical split: src_t == bf16, an fp32 checkpoint's output view, streamed
+// for the outputs while folds read the fp32 master and write master and view; and 16-bit checkpoints with
+// stochastic rounding at folds (the fold count read before the block counts in, incremented by the last block).
 template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel_v10(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
@@ -131,6 +132,15 @@ __global__ void __launch_bounds__(kThreads, 3)
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
   if (!prefetch_ring) load_ring(w);
   cp_async_commit();
+  // Stochastic rounding's Philox counter (16-bit checkpoints with sr_seed): read, and waited for, before the
+  // block counts in, since the slot's last block increments it.
+  uint32_t fold_no = 0;
+  if constexpr (!std::is_same_v<ckpt_t, float>) {
+    if (c.sr_seed != nullptr) {
+      fold_no = uint32_t(c.fold_count[slot]);
+      if (fold_no == 0xffffffffu) __trap();  // (consumes the load before the barrier; 2^32 folds do not happen)
+    }
+  }
   cp_async_wait<0>();
   __syncthreads();  // tiles written; every thread of the block has read the cursor
 
@@ -252,6 +262,20 @@ __global__ void __launch_bounds__(kThreads, 3)
             store16_stream(vrow + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
           }
         } else {
+          if constexpr (!std::is_same_v<ckpt_t, float>) {
+            if (c.sr_seed != nullptr) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count, the element
+              const uint64_t seed = uint64_t(c.sr_seed[slot]);
+              const int64_t row_index = (int64_t(h0 + hl) * p.headdim + q.i) * kN;
+#pragma unroll
+              for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+                for (int e = 0; e < Layout::kVec; ++e) {
+                  const int col = Layout::col(lane_in_row, v, e);
+                  s[v * Layout::kVec + e] = stochastic_round_to(c.ckpt_dtype, s[v * Layout::kVec + e],
+                                                                fold_random(seed, fold_no, uint64_t(row_index + col)));
+                }
+            }
+          }
 #pragma unroll
           for (int v = 0; v < kVecs; ++v)
             store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
@@ -273,6 +297,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (threadIdx.x == 0 && arrived == blocks_per_row - 1) {
     atomicSub(&c.arrivals[slot], blocks_per_row);  // zero again for the next launch
     c.cursor[slot] = next_cursor(w, L);
+    if (fold && c.fold_count) c.fold_count[slot] = int(fold_no) + 1;
   }
 }
 
