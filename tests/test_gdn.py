@@ -190,11 +190,23 @@ def test_cuda_launch_configurations_match_the_delta_rule(monkeypatch, tune):
     assert torch.equal(cache.checkpoint[slots[3]].cpu(), init[slots[3]])
 
 
-@pytest.mark.parametrize("tune", ["", "gdn_verify_rows=3"], ids=["default", "rows-over-blocks"])
+# CUDA verify launch configurations (REPLAYSSM_TUNE): gdn_verify_variant=1/2 is the streaming kernel, whose
+# gdn_verify_rows counts rows of a key head's value heads (the default kernel's, rows of one value head).
+VERIFY_TUNES = {
+    "default": "",
+    "rows-over-blocks": "gdn_verify_rows=3",
+    "stream": "gdn_verify_variant=1",
+    "stream-rows-over-blocks": "gdn_verify_variant=1,gdn_verify_rows=3",  # blocks straddle value heads
+    "stream-rows-12": "gdn_verify_variant=1,gdn_verify_rows=12",
+}
+
+
+@pytest.mark.parametrize("tune", list(VERIFY_TUNES.values()), ids=list(VERIFY_TUNES))
 def test_verify_commit_property_over_many_steps(device, tune, monkeypatch):
     """Random windows and accepted counts with early folds: every tentative output and every committed state
     equals the float64 delta rule over the accepted tokens; the checkpoint is written only when a window did
-    not fit. On CUDA also with a value head's rows split over several blocks (REPLAYSSM_TUNE)."""
+    not fit. On CUDA also with a value head's rows split over several blocks and with the streaming kernel
+    (REPLAYSSM_TUNE)."""
     needs_kernel(device, "gdn_replay_verify")
     if tune and device != "cuda":
         pytest.skip("a CUDA launch configuration")
@@ -240,6 +252,82 @@ def test_verify_commit_property_over_many_steps(device, tune, monkeypatch):
         got = replayssm.gdn_replay_state(cache, ids)
         assert rel_err(got, torch.stack([ref[s] for s in slots.tolist()])) < tolerance(torch.float32, torch.float32)
     assert folds > 5
+
+
+# The verify kernels at the benchmark's shape per head (K = V = 128, fp32 checkpoint, bf16 activations).
+VERIFY_TUNES_K128 = {
+    "default": "",
+    "rows-over-blocks": "gdn_verify_rows=48",
+    "stream": "gdn_verify_variant=1",  # default split: 16 rows per block at this batch
+    "stream-rows-96": "gdn_verify_variant=1,gdn_verify_rows=96",  # a block straddles two value heads; a partial last block
+    "stream-rows-30": "gdn_verify_variant=1,gdn_verify_rows=30",  # partial row iterations, scalar tile copies
+    "stream-whole-key-head": "gdn_verify_variant=1,gdn_verify_rows=256",  # one block per (row, key head)
+    "stream-4-stages": "gdn_verify_variant=2",
+    "stream-4-stages-rows-64": "gdn_verify_variant=2,gdn_verify_rows=64",
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tune", list(VERIFY_TUNES_K128.values()), ids=list(VERIFY_TUNES_K128))
+def test_cuda_verify_launch_configurations_match_the_delta_rule(monkeypatch, tune):
+    """gdn_replay_verify + commit at K = V = 128 with bf16 activations under forced launch configurations (both
+    kernels; a head's rows over several blocks, blocks straddling value heads, partial iterations): random windows
+    (num_tokens 1..T), random accepted counts, early folds and a pad row. Every tentative output against the float64
+    delta rule; the checkpoint written exactly when a window did not fit; cursors, pending counts and arrival
+    counters as the protocol leaves them; the committed states (gdn_replay_state) against the reference."""
+    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
+    gen = make_gen()
+    HV, H, K, V, history, T = 4, 2, 128, 128, 5, 4
+    L = history + T
+    layer = GdnLayer(HV, H, K, V, "cuda", gen)
+    batch, num_slots = 4, 5
+    slots = torch.randperm(num_slots, generator=gen)[:batch]
+    cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device="cuda")
+    init = torch.randn(num_slots, HV, V, K, generator=gen) * 0.1
+    cache.checkpoint.copy_(init)
+    live = slots[:3].tolist()  # row 3 is a pad row
+    ref = {s: init[s].double() for s in live}
+    cursor = {s: 0 for s in live}
+    ids = torch.tensor(live + [PAD_SLOT], dtype=torch.int32, device="cuda")
+    tol = tolerance(torch.bfloat16, torch.float32)
+    folds = 0
+    for step in range(14):
+        n_tok = torch.randint(1, T + 1, (batch,), generator=gen, dtype=torch.int32)
+        if step == 0:
+            n_tok[:] = T
+        tok = layer.token(batch, torch.bfloat16, gen, T=T)
+        out = torch.full_like(tok["v"], float("nan"))
+        before = cache.checkpoint.clone()
+        replayssm.gdn_replay_verify(cache, **tok, A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids,
+                                    num_tokens=n_tok.cuda(), out=out)
+        assert not cache.arrivals.any(), (step, tune)
+        assert torch.isnan(out[3]).all()
+        accepted = torch.zeros(batch, dtype=torch.int32)
+        for b, s in enumerate(live):
+            nb = n_tok[b].item()
+            fold = cursor[s] + nb > L
+            assert torch.equal(cache.checkpoint[s], before[s]) != fold, (step, b, tune)
+            folds += fold
+            cursor[s] = 0 if fold else cursor[s]
+            assert cache.cursor[s].item() == cursor[s] and cache.pending[s].item() == nb, (step, b, tune)
+            state, states = ref[s][None], []
+            for t in range(nb):
+                o, state = layer.reference_step(state, {k: v[b:b + 1, t] for k, v in tok.items()})
+                states.append(state[0])
+                assert rel_err(out[b, t], o[0]) < tol, (step, b, t, tune)
+            assert torch.isnan(out[b, nb:]).all()
+            n_acc = torch.randint(1, nb + 1, (), generator=gen).item()
+            accepted[b] = n_acc
+            ref[s] = states[n_acc - 1]
+            cursor[s] += n_acc
+        replayssm.mamba2_replay_commit(cache, ids, accepted.cuda())
+        got = replayssm.gdn_replay_state(cache, ids[:3])
+        assert rel_err(got, torch.stack([ref[s] for s in live])) < 4 * UNIT_ROUNDOFF[torch.float32] + 2e-5, (step, tune)
+    assert folds >= 3
+    pad_slot = slots[3].item()
+    assert torch.equal(cache.checkpoint[pad_slot].cpu(), init[pad_slot])  # the pad row's slot is untouched
+    assert cache.cursor[pad_slot].item() == 0
 
 
 def test_opcheck_and_bad_inputs():
@@ -290,13 +378,15 @@ def load_fla():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_kernels_match_fla():
+@pytest.mark.parametrize("tune", ["", "gdn_verify_variant=1"], ids=["default", "stream-verify"])
+def test_cuda_kernels_match_fla(monkeypatch, tune):
     """gdn_step over T tokens, and gdn_replay_verify over the same T tokens at once, against fla's fused recurrent
     and chunked kernels on the same bf16 inputs (g and beta formed outside, as the model does): the same outputs
     to bf16 accuracy and the same final state to fp32 accuracy (fla's chunked form rounds more)."""
     fla = load_fla()
     if fla is None:
         pytest.skip("fla is not available (third_party/get_baselines.sh fetches it)")
+    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     fused, chunk = fla
     gen = make_gen()
     B, T, HV, H, K, V = 3, 8, 8, 4, 128, 128

@@ -12,8 +12,14 @@
 //   q/k are staged into shared memory in the prologue, the block scalars (k_j . k_t, k_j . q_t, the decays)
 //   computed once per block. A slot's blocks count in on the cache's arrival counter once all their threads have
 //   read the cursor; the slot's last block advances it (as mamba2_replay_step_kernel does).
-// * gdn_replay_verify_kernel: first version (plain loads, no pipeline), its rows split over blocks when batch * HV
-//   is small. gdn_replay_state_kernel: a block per (value head, row), not a hot path.
+// * gdn_replay_verify_kernel (the default): first version (plain loads, no pipeline), its rows split over blocks
+//   when batch * HV is small. Tested on an H200.
+// * gdn_replay_verify_stream_kernel (gdn_verify_variant=1 or 2; not yet run on a GPU): the replay step's streaming
+//   structure for the T-token window: grid (row chunks of a key head's value heads, H, batch), checkpoint rows
+//   through the cp.async staging ring, window q/k/v/g and the committed ring staged in shared memory, the block's
+//   dots and decay weights formed once, a row's tokens in chunks of four whose row sums run side by side, then the
+//   forward substitution in registers; arrival counter as the default kernel.
+// * gdn_replay_state_kernel: a block per (value head, row), not a hot path.
 //
 // Launch-configuration knobs (REPLAYSSM_TUNE="key=value,...", common/cuda_utils.cuh; read at every launch; the
 // variants exist for fp32 state/checkpoint, bf16 activations, K = 128 only, the benchmark's configuration):
@@ -26,7 +32,10 @@
 //   gdn_replay_bps     blocks per SM the row split aims at (default 12: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
-//   gdn_verify_rows    rows of a value head per gdn_replay_verify block (forced; any value >= 1)
+//   gdn_verify_variant 0 (default): gdn_replay_verify_kernel; 1: the streaming kernel (any shape: 3 stages, 16 columns
+//                      per lane, 3 blocks/SM); 2: the streaming kernel with 4 stages (fp32/bf16/K=128 only, else as 1)
+//   gdn_verify_rows    rows per gdn_replay_verify block (forced; any value >= 1): rows of a value head for the default
+//                      kernel, rows of a key head's value heads (HV/H * V) for the streaming kernel
 #pragma once
 
 #include <algorithm>
@@ -628,6 +637,342 @@ __global__ void __launch_bounds__(kThreads) gdn_replay_verify_kernel(const GdnRe
   }
 }
 
+// Streaming verify (REPLAYSSM_TUNE gdn_verify_variant=1 or 2; the default is still gdn_replay_verify_kernel above):
+// the same semantics (replay_cpu(verify=true)), on the replay step's structure. Grid (row chunks of a key head's
+// value heads, H, batch): a block's rows are rows of the value heads of one key head (row R = value head R / V of
+// the key head, state row R % V), so the window's normalised q/k, the dots k_j . k_t, k_j . q_t and k_t . q_t are
+// formed once for every value head the block covers.
+// * The checkpoint rows stream through a cp.async staging ring of kStages stages (each thread copies and later
+//   reads only its own vectors); the first stages are issued as soon as the slot is known.
+// * Prologue, while they are in flight: the window's v of the block's rows (a tile), q and k of every window
+//   token normalised into shared memory (a warp per vector, warp_sum_squares' bits), g, alpha and beta per (value
+//   head, token); all Tmax tokens, so nothing waits for num_tokens. Then, with the cursor, the committed ring: u of
+//   the block's rows, k of the key head, g of its value heads (one cp.async group).
+// * Block scalars: the dots (a warp per (t, j <= p_t)), the decay weights and exp(G) per (value head, t) in
+//   replay_decays' order (the CPU's values), folded into the tables WK = W (k_j . k_t) and WQ = W (k_j . q_t).
+// * Per row: (early fold first: the row of the state at the cursor, rounded as stored, written back), then the
+//   window's tokens in chunks of four whose dot products S_c,i . k_t and S_c,i . q_t (k/q columns from shared
+//   memory, broadcast over the warp's rows) and committed-ring sums run side by side, their lane reductions
+//   independent; then the forward substitution over the chunk's tokens with the row's earlier corrections u
+//   (registers). Outputs and the row's u go straight to global memory.
+// * The block counts in on the slot's arrival counter once its committed-ring copies have landed; the slot's last
+//   block to arrive writes the window's k (every key head) and g (every value head), the pending count and, after
+//   an early fold, the cursor, as gdn_replay_verify_kernel does.
+struct GdnVerifyStreamSmem {  // byte offsets, each section 16-byte aligned
+  int ts;   // floats per ring-u tile row: rows rounded up to 32, plus the rows of a warp (conflict-free reads)
+  int vts;  // elements per v tile row: rows rounded up to 8
+  int staging, ru, rk, qn, kn, vt, gs, gt, bt, al, dec, WK, WQ, KK, KQ, kqt, wf, decf, flag, total;
+  __host__ __device__ GdnVerifyStreamSmem(int staging_bytes, int act_bytes, int rows, int rows_per_warp, int K, int L, int T,
+                                          int max_heads) {
+    auto up = [](int v) { return (v + 15) / 16 * 16; };
+    ts = (rows + 31) / 32 * 32 + (rows_per_warp >= 4 ? rows_per_warp % 32 : 4);
+    vts = (rows + 7) / 8 * 8;
+    int o = 0;
+    staging = o, o += up(staging_bytes);      // [stage][vec][thread] checkpoint vectors
+    ru = o, o += up(L * ts * 4);              // [j][row] committed ring u_j of the block's rows
+    rk = o, o += up(L * K * 4);               // [j][n] committed ring k_j of the key head
+    qn = o, o += up(T * K * 4);               // [t][n] window q_t, normalised and scaled
+    kn = o, o += up(T * K * 4);               // [t][n] window k_t, normalised
+    vt = o, o += up(T * vts * act_bytes);     // [t][row] window v_t (raw)
+    gs = o, o += up(max_heads * L * 4);       // [head][j] committed ring g_j
+    gt = o, o += up(max_heads * T * 4);       // [head][t] g_t
+    bt = o, o += up(max_heads * T * 4);       // [head][t] beta_t
+    al = o, o += up(max_heads * T * 4);       // [head][t] alpha_t = exp(g_t)
+    dec = o, o += up(max_heads * T * 4);      // [head][t] exp(g_0 + ... + g_{p_t - 1}) (p_t = base + t)
+    WK = o, o += up(max_heads * T * L * 4);   // [head][t][j] exp(g_{j+1} + ... + g_{p_t - 1}) (k_j . k_t), j < p_t
+    WQ = o, o += up(max_heads * T * L * 4);   // [head][t][j] exp(g_{j+1} + ... + g_{p_t - 1}) (k_j . q_t), j < p_t
+    KK = o, o += up(T * L * 4);               // [t][j] k_j . k_t
+    KQ = o, o += up(T * L * 4);               // [t][j] k_j . q_t
+    kqt = o, o += up(T * 4);                  // [t] k_t . q_t
+    wf = o, o += up(max_heads * L * 4);       // [head][j] early fold: exp(g_{j+1} + ... + g_{w-1})
+    decf = o, o += up(max_heads * 4);         // [head] early fold: exp(G_w)
+    flag = o, o += 16;                        // [0] this block arrived last
+    total = o;
+  }
+};
+
+template <typename ckpt_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    gdn_replay_verify_stream_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
+                                    const bool vec_k, const bool vec_v) {
+  using Layout = RowLayout<ckpt_t, kK, kThreads, 1, kLanesPerRow>;
+  constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kChunk = 4;  // window tokens whose row sums run side by side
+  const GdnReplayCacheParams& c = p.cache;
+  const int b = blockIdx.z, h = blockIdx.y;  // h: the key head
+  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+  if (slot == kPadSlot) return;
+  RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_verify: slot_ids[%d] = %lld is out of range", b, (long long)slot);
+  const int w0 = c.cursor[slot];  // in flight while the first loads are issued
+  const int T = p.num_tokens ? p.num_tokens[b] : p.ntokens;
+
+  const int ratio = p.nheads / p.nkheads, V = p.vdim, L = c.ring_len, Tmax = p.ntokens;
+  const int row_begin = blockIdx.x * rows_per_block;
+  const int row_end = min(ratio * V, row_begin + rows_per_block);
+  const int nrows = row_end - row_begin;
+  const int head_begin = row_begin / V;  // first value head of the block, within the key head's
+  const int nheads_block = (row_end - 1) / V - head_begin + 1;
+  const int hv0 = h * ratio + head_begin;  // its global index
+  const int n_iter = (nrows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
+  const int row0 = row_begin + warp * Layout::kRowsPerWarp + row_in_warp;  // this thread's row in iteration 0
+  ckpt_t* ckpt = static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(hv0) * c.ckpt_head_stride;
+  struct RowPos {  // row R of the block, as (R, value head within the block, state row)
+    int r, hl, i;
+  };
+  const RowPos pos0{row0, row0 / V - head_begin, row0 % V};
+  auto advance = [&](RowPos& q) {
+    q.r += Layout::kRowsPerIter;
+    q.i += Layout::kRowsPerIter;
+    while (q.i >= V) {
+      q.i -= V;
+      ++q.hl;
+    }
+  };
+  auto ckpt_row = [&](const RowPos& q) { return ckpt + q.hl * c.ckpt_head_stride + int64_t(q.i) * c.ckpt_row_stride; };
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const GdnVerifyStreamSmem off(kStages * kVecs * kThreads * 16, sizeof(act_t), rows_per_block, Layout::kRowsPerWarp, kK, L, Tmax,
+                                max_heads);
+  uint4* staging = reinterpret_cast<uint4*>(smem_raw + off.staging);
+  float* ru = reinterpret_cast<float*>(smem_raw + off.ru);
+  float* rk = reinterpret_cast<float*>(smem_raw + off.rk);
+  float* qn = reinterpret_cast<float*>(smem_raw + off.qn);
+  float* kn = reinterpret_cast<float*>(smem_raw + off.kn);
+  act_t* vt = reinterpret_cast<act_t*>(smem_raw + off.vt);
+  float* gs = reinterpret_cast<float*>(smem_raw + off.gs);
+  float* gt = reinterpret_cast<float*>(smem_raw + off.gt);
+  float* bt = reinterpret_cast<float*>(smem_raw + off.bt);
+  float* al = reinterpret_cast<float*>(smem_raw + off.al);
+  float* dec = reinterpret_cast<float*>(smem_raw + off.dec);
+  float* WK = reinterpret_cast<float*>(smem_raw + off.WK);
+  float* WQ = reinterpret_cast<float*>(smem_raw + off.WQ);
+  float* KK = reinterpret_cast<float*>(smem_raw + off.KK);
+  float* KQ = reinterpret_cast<float*>(smem_raw + off.KQ);
+  float* kqt = reinterpret_cast<float*>(smem_raw + off.kqt);
+  float* wf = reinterpret_cast<float*>(smem_raw + off.wf);
+  float* decf = reinterpret_cast<float*>(smem_raw + off.decf);
+  int* last_flag = reinterpret_cast<int*>(smem_raw + off.flag);
+  const int ts = off.ts, vts = off.vts;
+
+  RowPos copy_pos = pos0;
+  auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
+    if (it < n_iter && copy_pos.r < row_end) {
+      const ckpt_t* src = ckpt_row(copy_pos);
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v)
+        cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
+    }
+    cp_async_commit();
+    advance(copy_pos);
+  };
+#pragma unroll
+  for (int it = 0; it < kStages - 1; ++it) issue(it);
+
+  // ---- Prologue, part 1 (no cursor needed): the window's v tile, normalised q and k, g / alpha / beta.
+  const act_t* v_win = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + int64_t(h) * ratio * p.v_head_stride;
+  copy_head_rows<act_t, kThreads>(vt, vts, v_win, p.v_token_stride, p.v_head_stride, V, row_begin, nrows, Tmax, vec_v);
+  for (int idx = warp; idx < 2 * Tmax; idx += kWarps) {  // a warp per vector: token idx / 2, q (even) or k (odd)
+    const int t = idx >> 1;
+    if (idx & 1) {
+      const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + h * p.k_head_stride;
+      const float ks = p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(k) + kL2NormEps) : 1.f;
+      for (int n = lane; n < kK; n += 32) kn[t * kK + n] = to_float(k[n]) * ks;
+    } else {
+      const act_t* q = static_cast<const act_t*>(p.q) + b * p.q_batch_stride + t * p.q_token_stride + h * p.q_head_stride;
+      const float qs = (p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(q) + kL2NormEps) : 1.f) * p.scale;
+      for (int n = lane; n < kK; n += 32) qn[t * kK + n] = to_float(q[n]) * qs;
+    }
+  }
+  for (int idx = threadIdx.x; idx < nheads_block * Tmax; idx += kThreads) {  // g_t as gdn_prepare_token forms it
+    const int hl = idx / Tmax, t = idx % Tmax, hv = hv0 + hl;
+    const float g = gdn_log_decay(
+        to_float(static_cast<const act_t*>(p.a)[b * p.a_batch_stride + t * p.a_token_stride + hv * p.a_head_stride]),
+        p.dt_bias ? p.dt_bias[hv] : 0.f, p.A_log[hv]);
+    gt[idx] = g;
+    al[idx] = expf(g);
+    bt[idx] = sigmoid(to_float(static_cast<const act_t*>(p.b)[b * p.b_batch_stride + t * p.b_token_stride + hv * p.b_head_stride]));
+  }
+
+  // ---- Prologue, part 2: the committed ring (positions < cursor).
+  RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "gdn_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
+  RSSM_DEVICE_CHECK(w0 >= 0 && w0 <= L, "gdn_replay_verify: cursor[%lld] = %d is outside [0, ring_len]", (long long)slot, w0);
+  const bool early = w0 + T > L;    // fold the committed history first
+  const int base = early ? 0 : w0;  // ring position of window token 0
+  {
+    const float* ring_u = c.ring_u + slot * c.ring_u_slot_stride + int64_t(h) * ratio * c.ring_u_head_stride;
+    const float* ring_k = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;
+    const float* ring_g = c.ring_g + slot * c.ring_g_slot_stride + hv0;
+    copy_head_rows<float, kThreads>(ru, ts, ring_u, c.ring_u_pos_stride, c.ring_u_head_stride, V, row_begin, nrows, w0, vec_u);
+    copy_head_rows<float, kThreads>(rk, kK, ring_k, c.ring_k_pos_stride, 0, kK, 0, kK, w0, vec_k);
+    for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
+      const int hl = idx / w0, j = idx % w0;
+      gs[hl * L + j] = ring_g[j * c.ring_g_pos_stride + hl];
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();  // tiles and window written; every thread of the block has read the cursor and the committed ring
+  if (threadIdx.x == 0) *last_flag = atomicAdd(&c.arrivals[slot], 1) == int(gridDim.x * gridDim.y) - 1;
+
+  // ---- Block scalars. Positions after the (early) fold: j < base committed, j >= base the window.
+  const int P = base + T;
+  for (int idx = warp; idx < T * P; idx += kWarps) {  // a warp per (t, j <= p_t); j == p_t: k_t . q_t
+    const int t = idx / P, j = idx % P;
+    if (j > base + t) continue;
+    const float* kj = j < base ? rk + j * kK : kn + (j - base) * kK;
+    float a = 0.f, q = 0.f;
+    for (int n = lane; n < kK; n += 32) a = fmaf(kj[n], kn[t * kK + n], a), q = fmaf(kj[n], qn[t * kK + n], q);
+    a = group_sum<32>(a), q = group_sum<32>(q);
+    if (lane == 0) {
+      if (j < base + t) KK[t * L + j] = a, KQ[t * L + j] = q;
+      else kqt[t] = q;
+    }
+  }
+  for (int idx = threadIdx.x; idx < nheads_block * T; idx += kThreads) {  // a thread per (value head, t): replay_decays
+    const int hl = idx / T, t = idx % T;
+    dec[hl * Tmax + t] = replay_decays([&](int j) { return j < base ? gs[hl * L + j] : gt[hl * Tmax + j - base]; }, base + t - 1,
+                                       1.f, WK + (hl * Tmax + t) * L);
+  }
+  if (early)
+    for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads)
+      decf[hl] = replay_decays([&](int j) { return gs[hl * L + j]; }, w0 - 1, 1.f, wf + hl * L);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nheads_block * T * P; idx += kThreads) {  // WK, WQ = weight x the dots
+    const int hl = idx / (T * P), rem = idx % (T * P), t = rem / P, j = rem % P;
+    if (j < base + t) {
+      const int e = (hl * Tmax + t) * L + j;
+      const float wgt = WK[e];
+      WK[e] = wgt * KK[t * L + j];
+      WQ[e] = wgt * KQ[t * L + j];
+    }
+  }
+  __syncthreads();
+
+  // ---- Stream the block's rows.
+  float* ring_u_w = c.ring_u + slot * c.ring_u_slot_stride + int64_t(hv0) * c.ring_u_head_stride;
+  act_t* out = static_cast<act_t*>(p.out) + b * p.out_batch_stride + int64_t(hv0) * p.out_head_stride;
+  RowPos pos = pos0;
+  for (int it = 0; it < n_iter; ++it) {
+    issue(it + kStages - 1);
+    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
+    const RowPos q = pos;
+    advance(pos);
+    const bool valid = q.r < row_end;
+    const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
+    float s[kCols];
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
+      const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = valid ? to_float(elems[e]) : 0.f;
+    }
+    if (early) {  // checkpoint <- state at the cursor, stored as the checkpoint stores it
+      const float dcy = decf[hl];
+#pragma unroll
+      for (int col = 0; col < kCols; ++col) s[col] *= dcy;
+      for (int j = 0; j < w0; ++j) Layout::axpy(wf[hl * L + j] * ru[j * ts + rl], rk + j * kK, lane_in_row, s);
+#pragma unroll
+      for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
+      if (valid) Layout::store_row(ckpt_row(q), lane_in_row, s);
+    }
+    const float* WKh = WK + hl * Tmax * L;
+    const float* WQh = WQ + hl * Tmax * L;
+    const float* alh = al + hl * Tmax;
+    const float* bth = bt + hl * Tmax;
+    const float* dech = dec + hl * Tmax;
+    float u[kGdnMaxT];  // the row's corrections of the window so far (every lane of the row holds them)
+#pragma unroll
+    for (int t0 = 0; t0 < kGdnMaxT; t0 += kChunk) {
+      if (t0 < T) {  // uniform over the block
+        float ak[kChunk], aq[kChunk];  // this lane's parts of S_h k_t and S_h q_t (committed history)
+#pragma unroll
+        for (int cc = 0; cc < kChunk; ++cc) {
+          const int t = t0 + cc;
+          ak[cc] = 0.f, aq[cc] = 0.f;
+          if (t < T) {
+            const float* kt = kn + t * kK;
+            const float* qt = qn + t * kK;
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+              for (int e = 0; e < kVec; e += 4) {
+                const float4 kv4 = *reinterpret_cast<const float4*>(kt + Layout::col(lane_in_row, v, e));
+                const float4 qv4 = *reinterpret_cast<const float4*>(qt + Layout::col(lane_in_row, v, e));
+                const float* sv = s + v * kVec + e;
+                ak[cc] = fmaf(sv[0], kv4.x, ak[cc]), aq[cc] = fmaf(sv[0], qv4.x, aq[cc]);
+                ak[cc] = fmaf(sv[1], kv4.y, ak[cc]), aq[cc] = fmaf(sv[1], qv4.y, aq[cc]);
+                ak[cc] = fmaf(sv[2], kv4.z, ak[cc]), aq[cc] = fmaf(sv[2], qv4.z, aq[cc]);
+                ak[cc] = fmaf(sv[3], kv4.w, ak[cc]), aq[cc] = fmaf(sv[3], qv4.w, aq[cc]);
+              }
+            const float d = dech[t];
+            ak[cc] *= d, aq[cc] *= d;
+          }
+        }
+        for (int j = lane_in_row; j < base; j += kLanes) {  // committed ring positions: this lane's share
+          const float uj = ru[j * ts + rl];
+#pragma unroll
+          for (int cc = 0; cc < kChunk; ++cc) {
+            const int t = t0 + cc;
+            if (t < T) ak[cc] = fmaf(uj, WKh[t * L + j], ak[cc]), aq[cc] = fmaf(uj, WQh[t * L + j], aq[cc]);
+          }
+        }
+#pragma unroll
+        for (int cc = 0; cc < kChunk; ++cc) ak[cc] = group_sum<kLanes>(ak[cc]), aq[cc] = group_sum<kLanes>(aq[cc]);
+#pragma unroll
+        for (int cc = 0; cc < kChunk; ++cc) {  // forward substitution through the window's earlier corrections
+          const int t = t0 + cc;
+          if (t < T) {
+            float Sk = ak[cc], Sq = aq[cc];
+#pragma unroll
+            for (int t2 = 0; t2 < t; ++t2)
+              Sk = fmaf(u[t2], WKh[t * L + base + t2], Sk), Sq = fmaf(u[t2], WQh[t * L + base + t2], Sq);
+            const float alpha = alh[t];
+            u[t] = bth[t] * (to_float(vt[t * vts + rl]) - alpha * Sk);
+            if (valid && lane_in_row == 0) {
+              out[int64_t(t) * p.out_token_stride + q.hl * p.out_head_stride + q.i] = from_float<act_t>(alpha * Sq + u[t] * kqt[t]);
+              ring_u_w[(base + t) * c.ring_u_pos_stride + q.hl * c.ring_u_head_stride + q.i] = u[t];
+            }
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // (only empty groups remain)
+  __syncthreads();
+  if (*last_flag) {  // every block of the slot has read the committed ring: the window's k and g of every head
+    for (int idx = threadIdx.x; idx < T * p.nheads; idx += kThreads) {  // g_t as gdn_prepare_token forms it
+      const int t = idx / p.nheads, hw = idx % p.nheads;
+      const float g = gdn_log_decay(
+          to_float(static_cast<const act_t*>(p.a)[b * p.a_batch_stride + t * p.a_token_stride + hw * p.a_head_stride]),
+          p.dt_bias ? p.dt_bias[hw] : 0.f, p.A_log[hw]);
+      c.ring_g[slot * c.ring_g_slot_stride + (base + t) * c.ring_g_pos_stride + hw] = g;
+    }
+    for (int idx = warp; idx < T * p.nkheads; idx += kWarps) {
+      const int t = idx / p.nkheads, hk = idx % p.nkheads;
+      const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + hk * p.k_head_stride;
+      const float ks = p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(k) + kL2NormEps) : 1.f;
+      float* dst = c.ring_k + slot * c.ring_k_slot_stride + (base + t) * c.ring_k_pos_stride + hk * c.ring_k_head_stride;
+      for (int n = lane; n < kK; n += 32) dst[n] = to_float(k[n]) * ks;
+    }
+    if (threadIdx.x == 0) {
+      atomicSub(&c.arrivals[slot], int(gridDim.x * gridDim.y));  // zero again for the next launch
+      if (early) c.cursor[slot] = 0;
+      if (c.pending) c.pending[slot] = T;
+    }
+  }
+}
+
+inline int gdn_smem_per_sm() {
+  int device = 0, bytes = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "cudaDeviceGetAttribute");
+  return bytes;
+}
+
 // The device's opt-in shared-memory limit per block; a clear error when a shape needs more.
 inline void gdn_check_smem(int bytes, const GdnTokenParams& p, int ring_len, const char* op) {
   const int limit = max_smem_per_block();
@@ -638,10 +983,76 @@ inline void gdn_check_smem(int bytes, const GdnTokenParams& p, int ring_len, con
                                 " tokens; the device has " + std::to_string(limit));
 }
 
+// The streaming verify's launch: 128 threads; rows of a key head's value heads per block enough for ~4 waves of
+// kMinBlocks blocks per SM (each block repeats the window's prologue), at most the key head's rows, and few
+// enough that kMinBlocks blocks fit an SM's shared memory; gdn_verify_rows forces a value (any value >= 1).
+template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks>
+void launch_gdn_replay_verify_stream(const GdnReplayParams& p, cudaStream_t stream) {
+  constexpr int kThreads = 128;
+  using Layout = RowLayout<ckpt_t, kK, kThreads, 1, kLanes>;
+  const GdnReplayCacheParams& c = p.cache;
+  if (p.ntokens > kGdnMaxT) throw std::invalid_argument("replayssm: the CUDA gdn_replay_verify takes at most 16 tokens per row");
+  const int ratio = p.nheads / p.nkheads, V = p.vdim, group_rows = ratio * V;
+  const int forced_rows = tune_knob("gdn_verify_rows");
+  int rows_per_block;
+  if (forced_rows > 0) {
+    rows_per_block = std::min(forced_rows, group_rows);
+  } else {
+    const int64_t groups_total = int64_t(p.batch) * p.nkheads;
+    const int64_t target_blocks = int64_t(num_sms()) * 4 * kMinBlocks;
+    int64_t rows = (groups_total * group_rows + target_blocks - 1) / target_blocks;
+    rows = std::max<int64_t>(Layout::kRowsPerIter, (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
+    rows_per_block = static_cast<int>(std::min<int64_t>(rows, group_rows));
+  }
+  auto heads_for = [&](int r) { return std::min((r + V - 1) / V + 1, ratio); };
+  auto smem_for = [&](int r) {
+    return GdnVerifyStreamSmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, Layout::kRowsPerWarp, kK, c.ring_len,
+                               p.ntokens, heads_for(r))
+        .total;
+  };
+  const int smem_occupancy = gdn_smem_per_sm() / kMinBlocks - 1024;  // 1 KiB per block is the system's
+  auto halve = [&](int limit) {
+    while (smem_for(rows_per_block) > limit && rows_per_block > Layout::kRowsPerIter)
+      rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
+  };
+  if (forced_rows <= 0) halve(smem_occupancy);
+  halve(max_smem_per_block());
+  const int smem = smem_for(rows_per_block);
+  gdn_check_smem(smem, p, c.ring_len, "gdn_replay_verify");
+  const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
+  // 16-byte copies of the tiles when the planes are contiguous over (value head, row) and 16-byte aligned.
+  constexpr int kV = 16 / sizeof(act_t);
+  const bool vec_u = V % 4 == 0 && rows_per_block % 4 == 0 && aligned16(c.ring_u) && c.ring_u_head_stride == V &&
+                     c.ring_u_slot_stride % 4 == 0 && c.ring_u_pos_stride % 4 == 0;
+  const bool vec_k = aligned16(c.ring_k) && c.ring_k_slot_stride % 4 == 0 && c.ring_k_pos_stride % 4 == 0 &&
+                     c.ring_k_head_stride % 4 == 0;
+  const bool vec_v = V % kV == 0 && rows_per_block % kV == 0 && aligned16(p.v) && p.v_head_stride == V &&
+                     p.v_batch_stride % kV == 0 && p.v_token_stride % kV == 0;
+  auto kernel = gdn_replay_verify_stream_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
+  kernel<<<dim3(chunks, p.nkheads, p.batch), kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec_u, vec_k,
+                                                                       vec_v);
+  check_cuda(cudaGetLastError(), "gdn_replay_verify kernel launch");
+}
+
 template <DType kCkpt>
 void gdn_replay_verify_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream) {
   using ckpt_t = typename CudaType<kCkpt>::type;
   if (p.ntokens > kGdnMaxT) throw std::invalid_argument("replayssm: the CUDA gdn_replay_verify takes at most 16 tokens per row");
+  const int variant = tune_knob("gdn_verify_variant");
+  if (variant == 1 || variant == 2) {  // the streaming kernel (not yet run on a GPU; the default stays the tested one)
+    RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
+      RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
+        using act_t = typename CudaType<kAct>::type;
+        if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128) {
+          if (variant == 2) return launch_gdn_replay_verify_stream<float, act_t, kK, 4, 8, 3>(p, stream);  // 4 stages
+        }
+        // 16 columns per lane (fewer lanes when a row has fewer 16-byte vectors), 3 stages, 3 blocks per SM.
+        return launch_gdn_replay_verify_stream<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3>(p, stream);
+      });
+    });
+    return;
+  }
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
       auto kernel = gdn_replay_verify_kernel<ckpt_t, typename CudaType<kAct>::type, kK, 128>;
@@ -706,12 +1117,6 @@ void gdn_replay_state_cuda_for_ckpt(const GdnReplayStateParams& p, cudaStream_t 
 }
 
 
-inline int gdn_smem_per_sm() {
-  int device = 0, bytes = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "cudaDeviceGetAttribute");
-  return bytes;
-}
 
 // kMinBlocks: blocks per SM the compiler is asked to fit (__launch_bounds__), chosen per variant from ptxas -v so
 // that nothing spills (4 for the default: 128 registers).

@@ -166,8 +166,12 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
       using act_t = typename CudaType<kAct>::type;
-      // kUnroll rows in flight per thread: 4 (measured best), others when REPLAYSSM_TUNE asks.
-      switch (tune_knob("step_unroll")) {
+      // kUnroll rows in flight per thread: 4, or 2 once every SM has 64 heads or more (measured on the benchmark
+      // shape in four runs, 2026-11-29: 2 is 0.7-1% faster at batch 128 and 256, 4 is 5% faster at 32; not yet
+      // run as the default); others when REPLAYSSM_TUNE asks.
+      const int forced = tune_knob("step_unroll");
+      const bool many_heads = int64_t(p.batch) * p.nheads >= int64_t(64) * num_sms();
+      switch (forced > 0 ? forced : (many_heads ? 2 : 4)) {
         case 1: return launch_mamba2_step<state_t, act_t, kN, 1>(p, stream);
         case 2: return launch_mamba2_step<state_t, act_t, kN, 2>(p, stream);
         case 8: return launch_mamba2_step<state_t, act_t, kN, 8>(p, stream);
