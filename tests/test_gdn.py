@@ -278,7 +278,7 @@ def test_cuda_verify_launch_configurations_match_the_delta_rule(monkeypatch, tun
     counters as the protocol leaves them; the committed states (gdn_replay_state) against the reference."""
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     gen = make_gen()
-    HV, H, K, V, history, T = 4, 2, 128, 128, 5, 4
+    HV, H, K, V, history, T = 4, 2, 128, 128, 5, 6  # T = 6: two chunks of the streaming kernel's 4 tokens
     L = history + T
     layer = GdnLayer(HV, H, K, V, "cuda", gen)
     batch, num_slots = 4, 5

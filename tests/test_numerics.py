@@ -157,9 +157,11 @@ def test_cuda_numerical_split_matches_cpu(mode, N, act_dtype):
 @pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("N", [16, 128, 256])
 @pytest.mark.parametrize("mode", ["view", "stochastic"])
-def test_cuda_split_through_the_plain_kernel_matches_cpu(monkeypatch, mode, N, act_dtype):
-    """The numerical split through the plain-cache (v10) kernel (REPLAYSSM_TUNE replay_variant=3): as above."""
-    monkeypatch.setenv("REPLAYSSM_TUNE", "replay_variant=3")
+@pytest.mark.parametrize("tune", ["replay_variant=3", "replay_variant=3,replay_prefetch=0,replay_rows=48"])
+def test_cuda_split_through_the_plain_kernel_matches_cpu(monkeypatch, tune, mode, N, act_dtype):
+    """The numerical split through the plain-cache (v10) kernel (REPLAYSSM_TUNE replay_variant=3; blocks that
+    straddle heads, the ring read after the cursor): as above."""
+    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     split_matches_cpu(mode, N, act_dtype)
 
 

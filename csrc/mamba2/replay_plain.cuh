@@ -132,14 +132,12 @@ __global__ void __launch_bounds__(kThreads, 3)
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
   if (!prefetch_ring) load_ring(w);
   cp_async_commit();
-  // Stochastic rounding's Philox counter (16-bit checkpoints with sr_seed): read, and waited for, before the
-  // block counts in, since the slot's last block increments it.
+  // The fold count (stochastic rounding's Philox counter): read, and waited for, before the block counts in,
+  // since the slot's last block increments it.
   uint32_t fold_no = 0;
-  if constexpr (!std::is_same_v<ckpt_t, float>) {
-    if (c.sr_seed != nullptr) {
-      fold_no = uint32_t(c.fold_count[slot]);
-      if (fold_no == 0xffffffffu) __trap();  // (consumes the load before the barrier; 2^32 folds do not happen)
-    }
+  if (c.fold_count != nullptr) {  // (any cache that counts its folds: the last block increments it)
+    fold_no = uint32_t(c.fold_count[slot]);
+    if (fold_no == 0xffffffffu) __trap();  // (consumes the load before the barrier; 2^32 folds do not happen)
   }
   cp_async_wait<0>();
   __syncthreads();  // tiles written; every thread of the block has read the cursor
