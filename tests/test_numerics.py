@@ -246,3 +246,103 @@ def test_gdn_numerical_split():
         replayssm.gdn_replay_verify(view, torch.randn(2, 1, H, K), torch.randn(2, 1, H, K), torch.randn(2, 1, HV, V),
                                     torch.randn(2, 1, HV), torch.randn(2, 1, HV), torch.zeros(HV),
                                     slot_ids=torch.tensor([0, 1], dtype=torch.int32))
+
+
+# The CUDA GDN replay step with the split against the CPU one. Blocks per slot: the default split (at batch 2 it
+# spreads a key head's rows over many blocks of one row iteration each, the ring fetched with the cursor), and
+# gdn_replay_rows forcing blocks that straddle value heads and end in partial row iterations, the ring read after
+# the cursor.
+GDN_SPLIT_TUNES = {"default": "", "rows": "gdn_replay_rows={rows},gdn_replay_prefetch=0"}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("K,V", [(16, 32), (128, 128)], ids=["K16-V32", "K128-V128"])
+@pytest.mark.parametrize("mode", ["view", "stochastic"])
+@pytest.mark.parametrize("tune", list(GDN_SPLIT_TUNES))
+def test_cuda_gdn_numerical_split_matches_cpu(monkeypatch, tune, mode, K, V, act_dtype):
+    """The CUDA gdn_replay_step with a bf16 view (fp32 master) or with stochastic rounding at folds (bf16
+    checkpoint) against the CPU one on the same inputs: the same outputs to the activation dtype's accuracy, the
+    master equal to fp32 accuracy (up to the view's rare bf16 ties, below) and the view its rounding exactly; with stochastic rounding the same roundings for
+    the same seed except rare one-ulp flips where the two implementations' fp32 sums differ in the last bits,
+    reproducible run to run; the same fold counts; cursors advanced and arrival counters back at zero.
+
+    A flip's bound: one ulp per fold of the element's largest magnitude over the run, plus (GDN only) one ulp per
+    fold of its row's: rows evolve independently, but within a row a flipped element moves S k, so u, so every
+    element of the row at later folds; the delta rule does not let that difference grow (S (I - beta k k^T) is a
+    contraction), so it stays within the flipped element's ulp."""
+    rows = 48 if K == 128 else 24  # a key head's value heads hold 2 V rows: 6 (resp. 3) blocks per slot
+    monkeypatch.setenv("REPLAYSSM_TUNE", GDN_SPLIT_TUNES[tune].format(rows=rows))
+    seed = torch.randint(0, 2**31 - 1, ()).item()
+    HV, H, L, steps = 4, 2, 4, 13
+    kw = dict(output_view=torch.bfloat16) if mode == "view" else dict(checkpoint_dtype=torch.bfloat16,
+                                                                      rounding="stochastic", seed=11)
+    init = torch.randn(2, HV, V, K, generator=make_gen()) * 0.3
+    pgen = torch.Generator().manual_seed(seed)
+    A_log = torch.rand(HV, generator=pgen) * math.log(16.0)
+    dt_bias = torch.rand(HV, generator=pgen) - 4.0
+    caches, outs, history = {}, {}, []
+    for key, device in (("cpu", "cpu"), ("cuda", "cuda"), ("cuda again", "cuda")):
+        cache = GdnReplayCache.allocate(2, HV, H, K, V, ring_len=L, device=device, **kw)
+        cache.reset(torch.tensor([0, 1], device=device), init.to(device))
+        gen = torch.Generator().manual_seed(seed + 1)
+        ids = torch.tensor([1, 0], dtype=torch.int32, device=device)
+        y = []
+        for t in range(steps):
+            rnd = lambda *s: torch.randn(*s, generator=gen).to(device, act_dtype)
+            q, k, v, a, b = rnd(2, H, K), rnd(2, H, K), rnd(2, HV, V), rnd(2, HV), rnd(2, HV)
+            y.append(replayssm.gdn_replay_step(cache, q, k, v, a, b, A_log.to(device), slot_ids=ids,
+                                               dt_bias=dt_bias.to(device)).cpu())
+            if key == "cpu":
+                history.append(cache.checkpoint.float().clone())
+            else:
+                assert cache.cursor.tolist() == [(t + 1) % L] * 2 and not cache.arrivals.any(), (key, t)
+        caches[key], outs[key] = cache, torch.stack(y)
+    cpu, gpu, again = caches["cpu"], caches["cuda"], caches["cuda again"]
+    assert torch.equal(outs["cuda"], outs["cuda again"]) and torch.equal(gpu.checkpoint, again.checkpoint)
+    assert gpu.fold_count is None or gpu.fold_count.tolist() == cpu.fold_count.tolist() == [steps // L] * 2
+    out_tol = 1e-3 if act_dtype == torch.float32 else 2e-2  # bf16 outputs: a unit of the last place may differ
+    assert rel_err(outs["cuda"], outs["cpu"].double()) < out_tol
+    if mode == "view":
+        assert torch.equal(gpu.view, again.view)
+        # For GDN the view enters the state (through u): where the two masters differ in their last bits across a
+        # bf16 tie, the views differ by a bf16 unit and so do that row's u. A CPU emulation (masters perturbed by
+        # an fp32 unit at each fold) gave up to 6e-6 at K = 16: hence 1e-4, not Mamba-2's 1e-5.
+        assert rel_err(gpu.checkpoint.cpu(), cpu.checkpoint.double()) < 1e-4
+        assert torch.equal(gpu.view, gpu.checkpoint.to(torch.bfloat16))
+        assert torch.equal(cpu.view, cpu.checkpoint.to(torch.bfloat16))
+        assert not torch.equal(gpu.checkpoint.cpu(), init)  # folds wrote it
+    else:
+        same = gpu.checkpoint.cpu() == cpu.checkpoint
+        assert same.float().mean() > 0.99, same.float().mean()
+        diff = (gpu.checkpoint.cpu().float() - cpu.checkpoint.float()).abs()
+        scale = torch.stack([init.abs()] + [h.abs() for h in history]).amax(0)  # each element's largest magnitude
+        row_scale = scale.amax(-1, keepdim=True).expand_as(scale)
+        bound = (steps // L + 0.01) * (ulp(scale, torch.bfloat16) + ulp(row_scale, torch.bfloat16))
+        assert (diff[~same] <= bound[~same]).all(), (diff[~same] / bound[~same]).max()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_gdn_split_rejects_what_the_kernel_does_not_take():
+    """On CUDA the view must be of an fp32 checkpoint, and a fold counter comes with a view or a 16-bit checkpoint;
+    gdn_replay_verify takes neither the view nor stochastic rounding (as on the CPU)."""
+    HV, H, K, V = 4, 2, 16, 16
+    gen = torch.Generator().manual_seed(0)
+    tok = [torch.randn(2, *s, generator=gen).cuda() for s in ((H, K), (H, K), (HV, V), (HV,), (HV,))]
+    ids = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    A_log = torch.zeros(HV, device="cuda")
+    narrow = GdnReplayCache.allocate(2, HV, H, K, V, ring_len=4, checkpoint_dtype=torch.bfloat16,
+                                     output_view=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="view must be of an fp32 checkpoint"):
+        replayssm.gdn_replay_step(narrow, *tok, A_log, slot_ids=ids)
+    c = GdnReplayCache.allocate(2, HV, H, K, V, ring_len=4, device="cuda")
+    with pytest.raises(ValueError, match="fold counter"):
+        torch.ops.replayssm.gdn_replay_step(c.checkpoint, c.ring_u, c.ring_k, c.ring_g, c.cursor, c.arrivals, *tok, A_log,
+                                            None, True, K ** -0.5, ids, torch.empty_like(tok[2]), None, None,
+                                            torch.zeros(2, dtype=torch.int32, device="cuda"))
+    viewed = GdnReplayCache.allocate(2, HV, H, K, V, ring_len=4, output_view=torch.bfloat16, device="cuda")
+    win = [t.unsqueeze(1) for t in tok]
+    with pytest.raises(ValueError, match="output view or stochastic"):
+        replayssm.gdn_replay_verify(viewed, *win, A_log, slot_ids=ids)

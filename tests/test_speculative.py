@@ -330,3 +330,94 @@ def test_cuda_graph_of_verify_and_commit_matches_eager():
             assert torch.equal(getattr(graphed, name), getattr(eager, name)), name
         assert torch.isnan(out_graph[1]).all()
     assert folds > 0
+
+
+def ulp(x, dtype):
+    mant, min_exp = {torch.bfloat16: (7, -126), torch.float16: (10, -14)}[dtype]
+    e = torch.floor(torch.log2(x.abs())).clamp(min=min_exp)
+    return torch.exp2(e - mant)
+
+
+def split_verify_run(device, mode, N, act_dtype, seed, H=8, P=24, G=2, L=7, T=4, steps=14):
+    """verify + commit over `steps` windows (random token counts per row, random accepted counts) on a split
+    cache: rows [2, pad, 0] of 3 slots, windows of up to T tokens in a ring of L, so that early folds happen
+    often and at different steps for the two slots."""
+    kw = dict(output_view=torch.bfloat16) if mode == "view" else dict(checkpoint_dtype=torch.bfloat16,
+                                                                      rounding="stochastic", seed=11)
+    gen = torch.Generator().manual_seed(seed)
+    layer = Layer(H, P, G, N, device, gen)
+    init = torch.randn(3, H, P, N, generator=gen) * 0.5
+    cache = Mamba2ReplayCache.allocate(3, H, P, G, N, ring_len=L, act_dtype=act_dtype, device=device, **kw)
+    cache.reset(torch.arange(3, device=device), init.to(device))
+    ids = torch.tensor([2, PAD_SLOT, 0], dtype=torch.int32, device=device)
+    outs, folds = [], 0
+    for _ in range(steps):
+        n_tok = torch.randint(1, T + 1, (3,), generator=gen, dtype=torch.int32)
+        toks = [layer.token(3, act_dtype, gen) for _ in range(T)]
+        tok = {k: torch.stack([t[k] for t in toks], 1) for k in toks[0]}
+        folds += int((cache.cursor[[2, 0]].cpu() + n_tok[[0, 2]] > L).sum())
+        out = torch.zeros_like(tok["x"])
+        replayssm.mamba2_replay_verify(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"], slot_ids=ids,
+                                       num_tokens=n_tok.to(device), out=out, **layer.kwargs())
+        outs.append(out.cpu())
+        accepted = torch.minimum(torch.randint(1, T + 1, (3,), generator=gen, dtype=torch.int32), n_tok)
+        replayssm.mamba2_replay_commit(cache, ids, accepted.to(device))
+    return cache, torch.stack(outs), init, folds
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tune", ["", "verify_rows=32", "verify_variant=1", "verify_variant=1,verify_rows=32"])
+@pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("N", [16, 128, 256])
+@pytest.mark.parametrize("mode", ["view", "stochastic"])
+def test_cuda_verify_with_the_numerical_split_matches_cpu(monkeypatch, mode, N, act_dtype, tune):
+    """CUDA verify + commit on split caches against the CPU on the same inputs, with early folds (heads that
+    straddle blocks, P = 24; several blocks per slot and group): a bf16 view of an fp32 master (the view streamed
+    for the outputs; early folds read and write the master and refresh the view), or a bf16 checkpoint rounded
+    stochastically at early folds (the same Philox stream as the CPU). The outputs equal to the activation
+    dtype's accuracy, the master to fp32 accuracy and the view exactly its rounding; stochastic roundings the
+    same but for rare one-ulp flips (elements whose fp32 value differs in its last bits between the two
+    summation orders), bounded by one ulp per fold of the element's largest magnitude; the same fold counts and
+    cursors; reproducible run to run; the pad row's output and the unused slot untouched."""
+    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
+    seed = torch.randint(0, 2**31 - 1, ()).item()
+    cpu, y_cpu, init, folds = split_verify_run("cpu", mode, N, act_dtype, seed)
+    gpu, y_gpu, _, gpu_folds = split_verify_run("cuda", mode, N, act_dtype, seed)
+    again, y_again, _, _ = split_verify_run("cuda", mode, N, act_dtype, seed)
+    assert folds == gpu_folds and folds >= 2  # (each slot folds within its first L + 1 windows)
+    assert torch.equal(y_gpu, y_again) and torch.equal(gpu.checkpoint, again.checkpoint)
+    assert gpu.cursor.tolist() == cpu.cursor.tolist() and (gpu.arrivals == 0).all()
+    assert (y_gpu[:, 1] == 0).all() and torch.equal(gpu.checkpoint[1].cpu(), init[1].to(gpu.checkpoint.dtype))
+    out_tol = 1e-3 if act_dtype == torch.float32 else 2e-2  # bf16 outputs: a unit of the last place may differ
+    assert rel_err(y_gpu, y_cpu.double()) < out_tol
+    if mode == "view":
+        assert gpu.fold_count is None
+        assert rel_err(gpu.checkpoint.cpu(), cpu.checkpoint.double()) < 1e-5
+        assert not torch.equal(gpu.checkpoint.cpu(), init.to(gpu.checkpoint.dtype))
+        assert torch.equal(gpu.view, gpu.checkpoint.to(torch.bfloat16)) and torch.equal(gpu.view, again.view)
+    else:
+        assert gpu.fold_count.tolist() == cpu.fold_count.tolist() and gpu.fold_count.sum().item() == folds
+        assert cpu.fold_count[[0, 2]].min() >= 1 and cpu.fold_count[1] == 0
+        assert torch.equal(gpu.fold_count, again.fold_count)
+        same = gpu.checkpoint.cpu() == cpu.checkpoint
+        assert same.float().mean() > 0.99, same.float().mean()
+        # A rounding that went the other way moves an element by one unit of the last place at that fold; later
+        # folds carry the difference on (decaying): at most one unit per fold of the element's largest magnitude.
+        diff = (gpu.checkpoint.cpu().float() - cpu.checkpoint.float()).abs()
+        scale = torch.maximum(init.abs(), cpu.checkpoint.float().abs())
+        per_slot = cpu.fold_count.max().item()
+        assert (diff[~same] <= (per_slot + 0.01) * ulp(scale[~same], torch.bfloat16)).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_verify_rejects_a_view_of_a_narrow_checkpoint():
+    H, P, G, N = 4, 8, 2, 16
+    layer = Layer(H, P, G, N, "cuda", make_gen())
+    cache = Mamba2ReplayCache.allocate(2, H, P, G, N, ring_len=8, act_dtype=torch.float32, device="cuda",
+                                       checkpoint_dtype=torch.bfloat16, output_view=torch.bfloat16)
+    tok = tokens(layer, 2, 3, make_gen())
+    with pytest.raises(ValueError, match="view must be of an fp32 checkpoint"):
+        replayssm.mamba2_replay_verify(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"],
+                                       slot_ids=torch.tensor([0, 1], dtype=torch.int32, device="cuda"), **layer.kwargs())

@@ -11,7 +11,9 @@
 //   through a cp.async staging ring of kStages stages in shared memory; the ring u/k/g, v_t and the normalised
 //   q/k are staged into shared memory in the prologue, the block scalars (k_j . k_t, k_j . q_t, the decays)
 //   computed once per block. A slot's blocks count in on the cache's arrival counter once all their threads have
-//   read the cursor; the slot's last block advances it (as mamba2_replay_step_kernel does).
+//   read the cursor; the slot's last block advances it (as mamba2_replay_step_kernel does). The numerical split
+//   (not yet run on a GPU): an fp32 checkpoint's bf16 view streamed instead of the checkpoint (folds read the
+//   master and write master and view), stochastic rounding of a 16-bit checkpoint at folds.
 // * gdn_replay_verify_kernel (the default): first version (plain loads, no pipeline), its rows split over blocks
 //   when batch * HV is small. Tested on an H200.
 // * gdn_replay_verify_stream_kernel (gdn_verify_variant=1 or 2; not yet run on a GPU): the replay step's streaming
@@ -28,7 +30,8 @@
 //   gdn_step_bps       blocks per SM the row split aims at when batch * HV is small (default 8)
 //   gdn_step_rows      rows of a head per block (forced; any value >= 1)
 //   gdn_replay_variant 0 (default): 3 stages, 4 lanes per row, 3 blocks/SM; 1: 4 stages, 4 lanes, 2 blocks/SM;
-//                      2: 6 stages, 8 lanes, 3 blocks/SM; 3: 4 stages, 8 lanes, 4 blocks/SM
+//                      2: 6 stages, 8 lanes, 3 blocks/SM; 3: 4 stages, 8 lanes, 4 blocks/SM (plain caches; a cache
+//                      with a view has its own configuration, any activation dtype and K)
 //   gdn_replay_bps     blocks per SM the row split aims at (default 12: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
@@ -43,6 +46,7 @@
 
 #include "../common/cuda_utils.cuh"
 #include "../common/math.h"
+#include "../common/rounding.h"
 #include "../mamba2/kernels.cuh"  // RowLayout, ReplayLanes, cp_async16, copy_head_rows, aligned16
 #include "params.h"
 
@@ -230,11 +234,25 @@ struct GdnReplaySmem {
 //   another block of the launch (they read ring positions < w; prefetched positions >= w are ignored).
 // * The cursor: each block counts itself in on the slot's arrival counter once all its threads have read the
 //   cursor; the slot's last block to arrive returns the counter to zero and advances the cursor.
-template <typename ckpt_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
+// * The numerical split (MATH.md; replay_token in cpu.cpp is the semantics; written as mamba2_replay_step_kernel_v10
+//   does it, not yet run on a GPU): src_t is what the row loop streams, the checkpoint itself (src_t == ckpt_t) or its
+//   bf16 view (an fp32 checkpoint's), which then serves S_c k as well as S_c q; a fold reads the fp32 master row
+//   (streaming loads) and writes the master and the view (rounded to nearest) of the same values. A 16-bit
+//   checkpoint with sr_seed is rounded stochastically at folds: Philox keyed by the slot's seed, counter (element
+//   (hv, r, n) of the slot's state, the slot's fold count), as the CPU. The fold count is read, and the load
+//   consumed, before the block counts in; the slot's last block to arrive increments it. The fp32 plain
+//   instantiation (src_t == ckpt_t == float) compiles none of this (ops.cpp: on CUDA a fold counter comes only
+//   with a view or a 16-bit checkpoint).
+template <typename ckpt_t, typename src_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gdn_replay_step_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
                            const bool vec_k, const bool vec_v, const bool prefetch_ring) {
-  using Layout = RowLayout<ckpt_t, kK, kThreads, 1, kLanesPerRow>;
+  constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
+  static_assert(!kView || std::is_same_v<ckpt_t, float>, "the output view is of an fp32 checkpoint");
+  constexpr bool kNarrow = !std::is_same_v<ckpt_t, float>;  // a 16-bit checkpoint (stochastic rounding possible)
+  constexpr bool kCountsFolds = kView || kNarrow;            // the caches that may carry a fold counter on CUDA
+  constexpr DType kCkptDType = std::is_same_v<ckpt_t, __half> ? DType::kFloat16 : DType::kBFloat16;  // when kNarrow
+  using Layout = RowLayout<src_t, kK, kThreads, 1, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane;
   const GdnReplayCacheParams& c = p.cache;
   const int b = blockIdx.z, h = blockIdx.y;  // h: the key head
@@ -268,6 +286,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   };
   auto ckpt_row = [&](const RowPos& q) { return ckpt + q.hl * c.ckpt_head_stride + int64_t(q.i) * c.ckpt_row_stride; };
+  // The master row at a fold of a viewed checkpoint (formed where used, like the view's: registers are tight).
+  auto master_row = [&](const RowPos& q) {
+    return static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(hv0 + q.hl) * c.ckpt_head_stride +
+           int64_t(q.i) * c.ckpt_row_stride;
+  };
+  // The rows streamed for the products: the checkpoint's, or its view's.
+  auto src_row = [&](const RowPos& q) {
+    if constexpr (kView)
+      return static_cast<src_t*>(c.view) + slot * c.view_slot_stride + int64_t(hv0 + q.hl) * c.view_head_stride +
+             int64_t(q.i) * c.view_row_stride;
+    else
+      return ckpt_row(q);
+  };
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const GdnReplaySmem off(kStages * kVecs * kThreads * 16, sizeof(act_t), rows_per_block, kK, L, max_heads);
@@ -290,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   RowPos copy_pos = pos0;
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
     if (it < n_iter && copy_pos.r < row_end) {
-      const ckpt_t* src = ckpt_row(copy_pos);
+      const src_t* src = src_row(copy_pos);
 #pragma unroll
       for (int v = 0; v < kVecs; ++v)
         cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
@@ -340,8 +371,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "gdn_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
   if (!prefetch_ring) load_ring(w);
   cp_async_commit();
+  // The fold count (stochastic rounding's Philox counter): read, and the load consumed, before the block counts in,
+  // since the slot's last block increments it. (Only stochastic rounding uses it in the row loop; the increment
+  // re-reads it, so that no register holds it across the loop: at 168 registers the view kernels spilled.)
+  uint32_t fold_no = 0;
+  if constexpr (kNarrow) {
+    if (c.sr_seed != nullptr) {  // (fold_count is then present: ops.cpp)
+      fold_no = uint32_t(c.fold_count[slot]);
+      if (fold_no == 0xffffffffu) __trap();  // (consumes the load before the barrier; 2^32 folds do not happen)
+    }
+  }
   cp_async_wait<0>();
-  __syncthreads();  // tiles and token written; every thread of the block has read the cursor
+  __syncthreads();  // tiles and token written; every thread of the block has read the cursor (and the fold count)
 
   // Count this block in: all its threads have read the cursor, so the slot's last block to arrive may advance it
   // (the slot's other blocks read it before they arrived). The answer is used at the end.
@@ -405,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
-      const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
+      const src_t* elems = reinterpret_cast<const src_t*>(&raw);
 #pragma unroll
       for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = to_float(elems[e]);
     }
@@ -427,13 +468,62 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       if (!fold) ring_u_w[q.hl * c.ring_u_head_stride + q.i] = u;
     }
     if (fold) {  // S_t = alpha (exp(G_w) S_c + sum_j weight_j u_j k_j^T) + u_t k_t^T
+      if constexpr (kView) {  // from this lane's columns of the fp32 master row (the view served S k and S q)
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+          for (int e = 0; e < Layout::kVec; e += 4) {
+            const float4 m = valid ? __ldcs(reinterpret_cast<const float4*>(master_row(q) + Layout::col(lane_in_row, v, e)))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+            s[v * Layout::kVec + e] = m.x, s[v * Layout::kVec + e + 1] = m.y, s[v * Layout::kVec + e + 2] = m.z,
+                                 s[v * Layout::kVec + e + 3] = m.w;
+          }
+      }
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= dcy;
 #pragma unroll 1
       for (int j = 0; j < w; ++j) Layout::axpy(wh[j] * ru[j * ts + rl], rk + j * kK, lane_in_row, s);
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] = alpha * s[col] + u * kv[col];
-      if (valid) Layout::store_row(ckpt_row(q), lane_in_row, s);
+      if (valid) {
+        if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
+          ckpt_t* row = master_row(q);
+          src_t* vrow = src_row(q);
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v) {
+#pragma unroll
+            for (int e = 0; e < Layout::kVec; e += 4)
+              __stcs(reinterpret_cast<float4*>(row + Layout::col(lane_in_row, v, e)),
+                     make_float4(s[v * Layout::kVec + e], s[v * Layout::kVec + e + 1], s[v * Layout::kVec + e + 2],
+                                 s[v * Layout::kVec + e + 3]));
+            store16_stream(vrow + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+          }
+        } else {
+          bool rounded = false;
+          if constexpr (kNarrow) {
+            if (c.sr_seed != nullptr) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count, the element
+              const uint64_t seed = uint64_t(c.sr_seed[slot]);
+              // Element (hv, r, n) is counter (hv V + r) K + n, as on the CPU. The row's first column of this lane is made
+              // opaque so that the compiler forms each column's counter here rather than keeping 32 of them live
+              // across the row loop (it spilled them); a vector is rounded and stored before the next one.
+              int64_t index0 = (int64_t(hv0 + q.hl) * V + q.i) * kK + Layout::col(lane_in_row, 0, 0);
+              asm volatile("" : "+l"(index0));
+              ckpt_t* row = ckpt_row(q);
+#pragma unroll
+              for (int v = 0; v < kVecs; ++v) {
+                float r[Layout::kVec];
+#pragma unroll
+                for (int e = 0; e < Layout::kVec; ++e)
+                  r[e] = stochastic_round_to(kCkptDType, s[v * Layout::kVec + e],
+                                             fold_random(seed, fold_no, uint64_t(index0 + (Layout::col(0, v, e) - Layout::col(0, 0, 0)))));
+                store16_stream(row + Layout::col(lane_in_row, v, 0), r);
+              }
+              rounded = true;
+            }
+          }
+          if (!rounded) Layout::store_row(ckpt_row(q), lane_in_row, s);
+        }
+      }
     }
   }
   cp_async_wait<0>();
@@ -441,6 +531,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   if (threadIdx.x == 0 && arrived == blocks_per_slot - 1) {
     atomicSub(&c.arrivals[slot], blocks_per_slot);  // zero again for the next launch
     c.cursor[slot] = next_cursor(w, L);
+    if constexpr (kCountsFolds) {  // every block of the slot read the count before it counted in: only this one writes it
+      if (fold && c.fold_count != nullptr) c.fold_count[slot] += 1;
+    }
   }
 }
 // Speculative verification (MATH.md, "Verifying T tokens at once"; replay_cpu(verify=true) in cpu.cpp): early
@@ -1184,11 +1277,12 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
 
 // Default configuration (kStages 3, ReplayLanes (4 lanes of 32 columns for K = 128 fp32), 3 blocks per SM): two
 // stages in flight while a third is read, 128 bytes of a row per thread per stage: ~96 KiB of checkpoint reads
-// outstanding per SM.
-template <typename ckpt_t, typename act_t, int kK, int kStages = 3, int kLanes = ReplayLanes<ckpt_t, kK>::value, int kMinBlocks = 3>
+// outstanding per SM. src_t: what the row loop streams (the checkpoint, or an fp32 checkpoint's bf16 view).
+template <typename ckpt_t, typename act_t, int kK, int kStages = 3, int kLanes = ReplayLanes<ckpt_t, kK>::value, int kMinBlocks = 3,
+          typename src_t = ckpt_t>
 void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   constexpr int kThreads = 128;
-  using Layout = RowLayout<ckpt_t, kK, kThreads, 1, kLanes>;
+  using Layout = RowLayout<src_t, kK, kThreads, 1, kLanes>;
   const GdnReplayCacheParams& c = p.cache;
   const int ratio = p.nheads / p.nkheads, V = p.vdim, group_rows = ratio * V;
   // Rows of a key head's value heads per block: enough blocks for ~4 waves of 3 blocks per SM (prologues overlap
@@ -1231,7 +1325,7 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   const int64_t blocks = int64_t(chunks) * p.nkheads * p.batch;
   const int forced_prefetch = tune_knob("gdn_replay_prefetch");
   const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * kMinBlocks;
-  auto kernel = gdn_replay_step_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
+  auto kernel = gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
   if (smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_step shared memory");
   const dim3 grid(chunks, p.nkheads, p.batch);
@@ -1245,6 +1339,17 @@ void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
       using act_t = typename CudaType<kAct>::type;
+      if (p.cache.view != nullptr) {  // the numerical split: the bf16 view of an fp32 checkpoint streamed for S k and S q
+        if constexpr (kCkpt == DType::kFloat32) {
+          using view_t = __nv_bfloat16;
+          // K >= 128: 16 columns per lane in six stages (gdn_replay_variant=2's layout; the same bytes in flight as
+          // ReplayLanes' 32 columns in three, which spill with the view at 168 registers: ptxas -v, 150 here).
+          if constexpr (kK >= 128) return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 3, view_t>(p, stream);
+          else return launch_gdn_replay_step<float, act_t, kK, 3, ReplayLanes<view_t, kK>::value, 3, view_t>(p, stream);
+        } else {
+          throw std::invalid_argument("replayssm: on CUDA the GDN output view must be of an fp32 checkpoint");
+        }
+      }
       if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128) {
         // The benchmark's configuration: deeper pipelines chosen by REPLAYSSM_TUNE (gdn_replay_variant).
         switch (tune_knob("gdn_replay_variant")) {

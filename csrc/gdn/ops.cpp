@@ -192,6 +192,13 @@ void gdn_replay(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, 
   fill_gdn_token(p, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, out, checkpoint.size(0), verify);
   p.cache = fill_gdn_cache(checkpoint, ring_u, ring_k, ring_g, cursor, p.nheads, p.nkheads, p.kdim, p.vdim, q.device(), verify);
   fill_split_params(p.cache, checkpoint, view, sr_seed, fold_count);
+  if (checkpoint.is_cuda() && (view || fold_count)) {  // the numerical split as the CUDA replay step kernel takes it
+    TORCH_CHECK_VALUE(!view || p.cache.ckpt_dtype == DType::kFloat32,
+                      "replayssm: on CUDA the GDN output view must be of an fp32 checkpoint");
+    TORCH_CHECK_VALUE(!fold_count || view || p.cache.ckpt_dtype != DType::kFloat32,
+                      "replayssm: on CUDA a GDN fold counter (fold_count) comes with an output view or a bf16/fp16 checkpoint");
+    if (view) check_vector_aligned(*view, "view");
+  }
   if (arrivals) {
     check_device(*arrivals, "arrivals", q.device());
     TORCH_CHECK_VALUE(arrivals->is_contiguous(), "replayssm: arrivals must be contiguous");
@@ -233,8 +240,6 @@ void gdn_replay_step(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor rin
                      const OptTensor& sr_seed, const OptTensor& fold_count) {
   check_shape(arrivals, "arrivals", {checkpoint.size(0)});
   check_dtype(arrivals, "arrivals", at::kInt);
-  TORCH_CHECK_VALUE(!checkpoint.is_cuda() || (!view && !sr_seed && !fold_count),
-                    "replayssm: the GDN output view and stochastic rounding are CPU only for now (not in the CUDA kernels)");
   gdn_replay(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, std::nullopt,
              out, false, std::nullopt, &arrivals, view, sr_seed, fold_count);
 }

@@ -60,9 +60,10 @@ struct GdnReplayCacheParams {
   int* cursor = nullptr;
   int* arrivals = nullptr;
   int* pending = nullptr;  // (num_slots,) tokens of the last verify not yet committed, or null
-  // The numerical split (MATH.md), CPU only for now: a bf16 view of the checkpoint read by every replay step
-  // (for GDN it serves S k as well as S q, so its rounding reaches the corrections u that the ring keeps:
-  // measured in bench/accuracy), refreshed by folds; stochastic rounding of a narrow checkpoint at folds.
+  // The numerical split (MATH.md; the replay step on the CPU and CUDA, verify on the CPU only): a bf16 view of the
+  // checkpoint read by every replay step (for GDN it serves S k as well as S q, so its rounding reaches the
+  // corrections u that the ring keeps: measured in bench/accuracy), refreshed by folds; stochastic rounding of a
+  // narrow checkpoint at folds.
   void* view = nullptr;  // (num_slots, HV, V, K) bf16, or null
   int64_t view_slot_stride = 0, view_head_stride = 0, view_row_stride = 0;
   const int64_t* sr_seed = nullptr;

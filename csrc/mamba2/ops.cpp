@@ -320,8 +320,10 @@ void mamba2_replay_verify(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tenso
                     p.cache.ring_len, " (ring_len = history + window)");
   p.cache.pending = pending_ptr(pending, cursor);
   fill_split_params(p.cache, checkpoint, view, sr_seed, fold_count);
-  TORCH_CHECK_VALUE(!x.is_cuda() || (!view && !sr_seed && !fold_count),
-                    "replayssm: the output view and stochastic rounding are not in the CUDA verify kernel yet (CPU only)");
+  if (checkpoint.is_cuda() && view) {
+    TORCH_CHECK_VALUE(p.cache.ckpt_dtype == DType::kFloat32, "replayssm: on CUDA the output view must be of an fp32 checkpoint");
+    check_vector_aligned(*view, "view");
+  }
   p.ntokens = static_cast<int>(T);
   p.x_token_stride = x.stride(1);
   p.dt_token_stride = dt.stride(1);

@@ -13,6 +13,13 @@
 // thread has read the cursor. The slot's last block to arrive writes the window's B and dt into the ring and the
 // new cursor and pending count (every block of the slot has read the old entries by then, and nobody reads
 // the new ones in this launch); each block writes its own rows' x into the ring.
+//
+// The numerical split (MATH.md), as replay_verify_cpu: src_t is what the row loop streams, the checkpoint
+// itself (src_t == ckpt_t) or its bf16 output view (an fp32 checkpoint), which then serves every output while
+// an early fold reads the fp32 master row (__ldcs) and writes the master and the view (rounded to nearest;
+// the outputs after it use the view's values). A narrow checkpoint with sr_seed is rounded stochastically at
+// an early fold: Philox keyed by the slot's seed, its fold count and the element index (h * P + p) * N + n,
+// the count read by every thread before the block counts in, and written (+1) by the slot's last block.
 #pragma once
 
 #include <algorithm>
@@ -53,11 +60,14 @@ struct VerifySmem {  // byte offsets, each section 16-byte aligned
 // sums run side by side (one pass over the ring positions serving every token of the chunk, each x_j loaded
 // once; the chunk's lane reductions independent of one another), where the default forms one token after
 // another, each a dependent chain of loads and shuffles.
-template <typename ckpt_t, typename act_t, int kN, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
+template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
           bool kChunked = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     mamba2_replay_verify_kernel(const Mamba2ReplayVerifyParams p, const int rows_per_block, const int max_heads, const bool io_vec) {
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, kLanesPerRow>;
+  constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
+  static_assert(!kView || std::is_same_v<ckpt_t, float>, "the output view is of an fp32 checkpoint");
+  constexpr bool kNarrow = !std::is_same_v<ckpt_t, float>;  // may round stochastically at folds
+  using Layout = RowLayout<src_t, kN, kThreads, 1, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
   // Tokens whose C stays in registers (48 registers at most: 64 spilled at 3 blocks per SM); the others are read from shared memory per row.
   constexpr int kRegTokens = 48 / kCols > 4 ? 4 : (48 / kCols < 1 ? 1 : 48 / kCols);
@@ -95,6 +105,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   };
   auto ckpt_row = [&](const RowPos& q) { return ckpt_group + (head_begin + q.hl) * c.ckpt_head_stride + q.i * c.ckpt_row_stride; };
+  // The rows streamed for the outputs: the checkpoint's, or its view's.
+  auto src_row = [&](const RowPos& q) {
+    if constexpr (kView)
+      return static_cast<src_t*>(c.view) + slot * c.view_slot_stride +
+             (int64_t(g) * heads_per_group + head_begin + q.hl) * c.view_head_stride + q.i * c.view_row_stride;
+    else
+      return ckpt_row(q);
+  };
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const VerifySmem off(kStages * kVecs * kThreads * 16, sizeof(act_t), rows_per_block, kN, L, Tmax, max_heads);
@@ -120,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   RowPos copy_pos = pos0;
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
     if (it < n_iter && copy_pos.r < row_end) {
-      const ckpt_t* src = ckpt_row(copy_pos);
+      const src_t* src = src_row(copy_pos);
 #pragma unroll
       for (int v = 0; v < kVecs; ++v)
         cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
@@ -161,8 +179,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     dtold[hl * L + j] = c.ring_dt[slot * c.ring_dt_slot_stride + j * c.ring_dt_pos_stride + h0 + hl];
   }
   cp_async_commit();
+  // The fold count (stochastic rounding's Philox counter; narrow checkpoints): read by every thread, and the
+  // load consumed, before the block counts in, since the slot's last block increments it.
+  uint32_t fold_no = 0;
+  if constexpr (kNarrow) {
+    if (c.fold_count != nullptr) {
+      fold_no = uint32_t(c.fold_count[slot]);
+      if (fold_no == 0xffffffffu) __trap();  // (consumes the load before the barrier; 2^32 folds do not happen)
+    }
+  }
   cp_async_wait<0>();
-  __syncthreads();  // tiles written; every thread of the block has read the cursor
+  __syncthreads();  // tiles written; every thread of the block has read the cursor (and the fold count)
   if (threadIdx.x == 0) {
     const int blocks_per_row = gridDim.x * gridDim.y;
     *last_flag = atomicAdd(&c.arrivals[slot], 1) == blocks_per_row - 1;
@@ -225,18 +252,57 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
-      const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
+      const src_t* elems = reinterpret_cast<const src_t*>(&raw);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) s[v * kVec + e] = valid ? to_float(elems[e]) : 0.f;
     }
     if (early) {  // S_c <- exp(c_w) S_c + sum_{j<w} exp(c_w - c_j) dt_j x_j B_j, stored as the checkpoint stores it
+      if constexpr (kView) {  // from this lane's columns of the fp32 master row (the view served the staging)
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+          for (int e = 0; e < kVec; e += 4) {
+            const float4 m = valid ? __ldcs(reinterpret_cast<const float4*>(ckpt_row(q) + Layout::col(lane_in_row, v, e)))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+            s[v * kVec + e] = m.x, s[v * kVec + e + 1] = m.y, s[v * kVec + e + 2] = m.z, s[v * kVec + e + 3] = m.w;
+          }
+      }
       const float dcy = decf[hl];
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= dcy;
       for (int j = 0; j < w0; ++j) Layout::axpy(wf[hl * L + j] * to_float(xold[j * ts + rl]), Bold + j * kN, lane_in_row, s);
+      if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest); the outputs use the view's
+        if (valid) {
+          ckpt_t* row = ckpt_row(q);
+          src_t* vrow = src_row(q);
 #pragma unroll
-      for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
-      if (valid) Layout::store_row(const_cast<ckpt_t*>(ckpt_row(q)), lane_in_row, s);
+          for (int v = 0; v < kVecs; ++v) {
+#pragma unroll
+            for (int e = 0; e < kVec; e += 4)
+              __stcs(reinterpret_cast<float4*>(row + Layout::col(lane_in_row, v, e)),
+                     make_float4(s[v * kVec + e], s[v * kVec + e + 1], s[v * kVec + e + 2], s[v * kVec + e + 3]));
+            store16_stream(vrow + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[kVec]>(&s[v * kVec]));
+          }
+        }
+#pragma unroll
+        for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<src_t>(s[col]));
+      } else {
+        if constexpr (kNarrow) {
+          if (c.sr_seed != nullptr) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count, the element
+            const uint64_t seed = uint64_t(c.sr_seed[slot]);
+            const int64_t row_index = (int64_t(h0 + hl) * p.headdim + q.i) * kN;
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+              for (int e = 0; e < kVec; ++e)
+                s[v * kVec + e] = stochastic_round_to(c.ckpt_dtype, s[v * kVec + e],
+                                                      fold_random(seed, fold_no, uint64_t(row_index + Layout::col(lane_in_row, v, e))));
+          }
+        }
+#pragma unroll
+        for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
+        if (valid) Layout::store_row(ckpt_row(q), lane_in_row, s);
+      }
     }
     // Token k's output from this row: this lane's columns of the row against C_k (from registers, cregs, or
     // shared memory) and its share of the ring positions, summed over the row's lanes.
@@ -364,6 +430,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     if (threadIdx.x == 0) {
       atomicSub(&c.arrivals[slot], gridDim.x * gridDim.y);  // zero again for the next launch
       if (early) c.cursor[slot] = 0;
+      // (an fp32 checkpoint's kernel reads the count nowhere else: no block of the slot reads it in this launch)
+      if (early && c.fold_count) c.fold_count[slot] = (kNarrow ? int(fold_no) : c.fold_count[slot]) + 1;
       if (c.pending) c.pending[slot] = T;
     }
   }
@@ -371,12 +439,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
 // Launch: 128 threads, the replay step's row layout and stages (StreamLanes, kStreamStages), 256 rows per block
 // at most, fewer when that keeps three blocks on an SM within its shared memory, or when the grid would not
-// fill the GPU. REPLAYSSM_TUNE: verify_rows (rows per block), verify_variant (1: kChunked).
-template <typename ckpt_t, typename act_t, int kN>
+// fill the GPU. REPLAYSSM_TUNE: verify_rows (rows per block), verify_variant (1: kChunked). src_t: what the
+// row loop streams (the checkpoint, or its bf16 output view).
+template <typename ckpt_t, typename src_t, typename act_t, int kN>
 void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t stream) {
   constexpr int kThreads = 128, kStages = kStreamStages, kMinBlocks = 3;
-  constexpr int kLanes = StreamLanes<ckpt_t, kN>::value;
-  using Layout = RowLayout<ckpt_t, kN, kThreads, 1, kLanes>;
+  constexpr int kLanes = StreamLanes<src_t, kN>::value;
+  using Layout = RowLayout<src_t, kN, kThreads, 1, kLanes>;
   const Mamba2ReplayCacheParams& c = p.cache;
   const int group_rows = (p.nheads / p.ngroups) * p.headdim;
   const int64_t groups_total = int64_t(p.batch) * p.ngroups;
@@ -413,8 +482,8 @@ void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t
                       c.ring_B_pos_stride % kV == 0 && c.ring_B_group_stride % kV == 0 &&
                       (!p.z || (aligned16(p.z) && p.z_head_stride == p.headdim && p.z_batch_stride % kV == 0 && p.z_token_stride % kV == 0));
   auto kernel = tune_knob("verify_variant") == 1
-                    ? mamba2_replay_verify_kernel<ckpt_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, true>
-                    : mamba2_replay_verify_kernel<ckpt_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, false>;
+                    ? mamba2_replay_verify_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, true>
+                    : mamba2_replay_verify_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, false>;
   const int smem_bytes = smem_for(rows_per_block);
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes), "mamba2_replay_verify shared memory");
   const dim3 grid((group_rows + rows_per_block - 1) / rows_per_block, p.ngroups, p.batch);
@@ -426,7 +495,13 @@ template <DType kCkpt>
 void mamba2_replay_verify_cuda_for_ckpt(const Mamba2ReplayVerifyParams& p, cudaStream_t stream) {
   using ckpt_t = typename CudaType<kCkpt>::type;
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
-    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] { launch_mamba2_replay_verify<ckpt_t, typename CudaType<kAct>::type, kN>(p, stream); });
+    RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
+      using act_t = typename CudaType<kAct>::type;
+      if (p.cache.view == nullptr) return launch_mamba2_replay_verify<ckpt_t, ckpt_t, act_t, kN>(p, stream);
+      // The numerical split's output view (bf16, of an fp32 checkpoint) streamed for the outputs.
+      if constexpr (kCkpt == DType::kFloat32) return launch_mamba2_replay_verify<float, __nv_bfloat16, act_t, kN>(p, stream);
+      throw std::invalid_argument("replayssm: on CUDA the output view must be of an fp32 checkpoint");
+    });
   });
 }
 
