@@ -143,15 +143,7 @@ def main():
     for batch in args.batches:
         r = bench_batch(batch, args.ring_len, shape, fla, gen, tune=args.tune)
         nbytes = analytic_bytes(batch, args.ring_len, shape)
-        r["bytes"] = nbytes
-        r["standard_floor_us"] = nbytes["standard"] / (bw["copy_TBps"] * 1e6)
-        r["replay_floor_us"] = nbytes["replay"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
-        r["standard_frac_copy_bw"] = r["standard_floor_us"] / r["standard_us"]
-        r["replay_vs_standard"] = r["standard_us"] / r["replay_us"]
-        r["replay_over_floor"] = r["replay_us"] / r["replay_floor_us"]
-        r["replay_view_floor_us"] = nbytes["replay_view"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
-        r["replay_view_vs_standard"] = r["standard_us"] / r["replay_view_us"]
-        r["replay_view_over_floor"] = r["replay_view_us"] / r["replay_view_floor_us"]
+        common.decode_ratios(r, nbytes, bw)
         rows.append(r)
         print(r, flush=True)
     common.write_result(args.out, {"bandwidth": bw, "ring_len": args.ring_len, "shape": dict(zip(("HV", "H", "K", "V"), shape)),
@@ -162,15 +154,7 @@ def main():
         print(f"{r['batch']:>5} {r.get('fla_us', float('nan')):>8.1f} {r['standard_us']:>8.1f} "
               f"{100 * r['standard_frac_copy_bw']:>7.1f}% {r['replay_us']:>8.1f} {r['replay_floor_us']:>7.1f} "
               f"{r['replay_over_floor']:>9.2f} {r['replay_vs_standard']:>7.2f}x")
-    print("with the bf16 output view (numerical split):")
-    print(f"{'batch':>5} {'view':>8} {'floor':>7} {'view/floor':>10} {'speedup':>8}")
-    for r in rows:
-        print(f"{r['batch']:>5} {r['replay_view_us']:>8.1f} {r['replay_view_floor_us']:>7.1f} "
-              f"{r['replay_view_over_floor']:>10.2f} {r['replay_view_vs_standard']:>7.2f}x")
-    for r in rows:
-        for kind in ("standard", "replay"):
-            for tune, us in r.get(f"{kind}_tuning_us", {}).items():
-                print(f"  batch {r['batch']:>3} {kind:>8} {tune:<28} {us:8.1f} us (default {r[f'{kind}_us']:.1f})")
+    common.print_view_and_tunings(rows)
 
 
 if __name__ == "__main__":

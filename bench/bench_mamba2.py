@@ -155,17 +155,9 @@ def main():
     for batch in args.batches:
         r = bench_batch(batch, args.ring_len, ssu, gen, tune=args.tune)
         nbytes = analytic_bytes(batch, args.ring_len)
-        r["bytes"] = nbytes
+        common.decode_ratios(r, nbytes, bw)
         r["standard_TBps"] = nbytes["standard"] / r["standard_us"] / 1e6
         r["replay_TBps"] = nbytes["replay"] / r["replay_us"] / 1e6
-        r["standard_floor_us"] = nbytes["standard"] / (bw["copy_TBps"] * 1e6)
-        r["replay_floor_us"] = nbytes["replay"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
-        r["standard_frac_copy_bw"] = r["standard_floor_us"] / r["standard_us"]
-        r["replay_vs_standard"] = r["standard_us"] / r["replay_us"]
-        r["replay_over_floor"] = r["replay_us"] / r["replay_floor_us"]
-        r["replay_view_floor_us"] = nbytes["replay_view"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
-        r["replay_view_vs_standard"] = r["standard_us"] / r["replay_view_us"]
-        r["replay_view_over_floor"] = r["replay_view_us"] / r["replay_view_floor_us"]
         if "mamba_ssm_us" in r:
             r["mamba_ssm_TBps"] = nbytes["standard"] / r["mamba_ssm_us"] / 1e6
         rows.append(r)
@@ -178,15 +170,7 @@ def main():
         print(f"{r['batch']:>5} {r.get('mamba_ssm_us', float('nan')):>10.1f} {r['standard_us']:>8.1f} "
               f"{100 * r['standard_frac_copy_bw']:>7.1f}% {r['replay_us']:>8.1f} {r['replay_floor_us']:>7.1f} "
               f"{r['replay_over_floor']:>9.2f} {r['replay_vs_standard']:>7.2f}x")
-    print("with the bf16 output view (numerical split):")
-    print(f"{'batch':>5} {'view':>8} {'floor':>7} {'view/floor':>10} {'speedup':>8}")
-    for r in rows:
-        print(f"{r['batch']:>5} {r['replay_view_us']:>8.1f} {r['replay_view_floor_us']:>7.1f} "
-              f"{r['replay_view_over_floor']:>10.2f} {r['replay_view_vs_standard']:>7.2f}x")
-    for r in rows:
-        for kind in ("standard", "replay", "replay_view"):
-            for tune, us in r.get(f"{kind}_tuning_us", {}).items():
-                print(f"  batch {r['batch']:>3} {kind:>8} {tune:<28} {us:8.1f} us (default {r[f'{kind}_us']:.1f})")
+    common.print_view_and_tunings(rows)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,31 @@ def timed_configs(fn: Callable[[], None], tunes) -> dict:
     return out
 
 
+def decode_ratios(r: dict, nbytes: dict, bw: dict) -> None:
+    """Adds to a decode-step result r (standard_us, replay_us, replay_view_us) the floors (bytes over the copy
+    bandwidth for the standard step, over the larger of read and copy for replay) and the ratios reported."""
+    r["bytes"] = nbytes
+    r["standard_floor_us"] = nbytes["standard"] / (bw["copy_TBps"] * 1e6)
+    r["standard_frac_copy_bw"] = r["standard_floor_us"] / r["standard_us"]
+    for kind in ("replay", "replay_view"):
+        r[f"{kind}_floor_us"] = nbytes[kind] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
+        r[f"{kind}_vs_standard"] = r["standard_us"] / r[f"{kind}_us"]
+        r[f"{kind}_over_floor"] = r[f"{kind}_us"] / r[f"{kind}_floor_us"]
+
+
+def print_view_and_tunings(rows: list) -> None:
+    """The replay-with-view table and the alternative launch configurations of a decode-step benchmark."""
+    print("with the bf16 output view (numerical split):")
+    print(f"{'batch':>5} {'view':>8} {'floor':>7} {'view/floor':>10} {'speedup':>8}")
+    for r in rows:
+        print(f"{r['batch']:>5} {r['replay_view_us']:>8.1f} {r['replay_view_floor_us']:>7.1f} "
+              f"{r['replay_view_over_floor']:>10.2f} {r['replay_view_vs_standard']:>7.2f}x")
+    for r in rows:
+        for kind in ("standard", "replay", "replay_view"):
+            for tune, us in r.get(f"{kind}_tuning_us", {}).items():
+                print(f"  batch {r['batch']:>3} {kind:>8} {tune:<28} {us:8.1f} us (default {r[f'{kind}_us']:.1f})")
+
+
 def measure_bandwidth(nbytes: int = 4 * 2**30) -> dict:
     """Device-memory bandwidth in TB/s: a device-to-device copy (bytes read + written) and a read-only
     reduction, both over buffers many times the L2."""

@@ -167,8 +167,8 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
     RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
       using act_t = typename CudaType<kAct>::type;
       // kUnroll rows in flight per thread: 4, or 2 once every SM has 64 heads or more (measured on the benchmark
-      // shape in four runs, 2026-11-29: 2 is 0.7-1% faster at batch 128 and 256, 4 is 5% faster at 32; not yet
-      // run as the default); others when REPLAYSSM_TUNE asks.
+      // shape in four tune runs, 2026-11-29, one of them bench/results/mamba2_decode_tune_cdcd8b1.json: 2 is
+      // 0.7-1% faster at batch 128 and 256, 4 is 5% faster at 32; not yet run as the default); others when REPLAYSSM_TUNE asks.
       const int forced = tune_knob("step_unroll");
       const bool many_heads = int64_t(p.batch) * p.nheads >= int64_t(64) * num_sms();
       switch (forced > 0 ? forced : (many_heads ? 2 : 4)) {
@@ -214,9 +214,9 @@ struct ReplayLanes {  // lanes per row: 4 (fewer when a row has fewer 16-byte ve
 
 // The replay and verify kernels' row layout: four 16-byte vectors (64 bytes) of a row per lane, at least 4
 // lanes per row (fewer only when a row has fewer vectors), streamed through kStreamStages stages: five stages
-// in flight, 320 bytes per thread, ~120 KiB per SM with three blocks of 128 threads. (Measured at 2026-11-29
-// on the benchmark shape, fp32 N = 128, against 128 bytes per lane in three stages: 4% faster at batch 32,
-// 6% at 128, 4% at 256.)
+// in flight, 320 bytes per thread, ~120 KiB per SM with three blocks of 128 threads. (In the general kernel,
+// fp32 N = 128, against 128 bytes per lane in three stages, bench/results/mamba2_decode_tune_cdcd8b1.json:
+// 64.8 vs 65.2 us at batch 32, 196.0 vs 206.3 at 128, 396.8 vs 419.8 at 256; 11.6 vs 7.2 at batch 1, worse.)
 template <typename src_t, int kN>
 struct StreamLanes {
   static constexpr int kVecsPerRow = kN * int(sizeof(src_t)) / 16;
@@ -674,8 +674,8 @@ void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStrea
           return launch_mamba2_replay_step_v10<float, act_t, kN, __nv_bfloat16, kStreamStages>(p, stream);
       }
       // Plain caches (no view, rounding to nearest): the "v10" kernel (replay_plain.cuh), measured 1.2x faster
-      // than this file's general kernel in the same layout (2026-11-29: 321 vs 393 us at batch 256; cause not
-      // yet found, bench/NOTES.md). The general kernel serves the numerical split (stochastic rounding through
+      // than this file's general kernel (bench/results/mamba2_decode_tune_cdcd8b1.json, batch 256: 321.1 us against
+      // 396.8 in its default layout and 419.8 in v10's; cause not yet found, bench/NOTES.md). The general kernel serves the numerical split (stochastic rounding through
       // v10 with replay_variant=3), and replay_variant=0.
       if (p.cache.view == nullptr && (p.cache.sr_seed == nullptr ? variant != 0 : variant == 3))
         return launch_mamba2_replay_step_v10<ckpt_t, act_t, kN>(p, stream);

@@ -1,9 +1,9 @@
 // The replay kernel of plain caches (no output view, rounding to nearest): "v10" as measured at commit 6d3ccfd,
-// kept verbatim because the general kernel in kernels.cuh (which adds the view and stochastic rounding at
-// folds) runs 1.2x slower in the same layout for reasons not yet found (bench/NOTES.md, 2026-11-29: the main
-// loops compile to the same instructions; the prologue forms were A/B'd without effect). Merge them once
-// the cause is known. (One change from v10: ReplayLanes gives 16-bit checkpoints of N = 256 eight lanes per
-// row, not four, which spilled registers.)
+// kept (its prologue and row loop unchanged; the split's fold paths added) because the general kernel in
+// kernels.cuh (which adds the view and stochastic rounding at folds) runs 1.2-1.3x slower for reasons not yet
+// found (bench/results/mamba2_decode_tune_cdcd8b1.json; the main loops compile to the same instructions; the
+// prologue forms were A/B'd without effect). Merge them once the cause is known. (One change from v10:
+// ReplayLanes gives 16-bit checkpoints of N = 256 eight lanes per row, not four, which spilled registers.)
 // Included by kernels.cuh inside namespace replayssm, after everything it uses.
 // src_t == ckpt_t: v10 (plain caches). With REPLAYSSM_TUNE replay_variant=3 (to be measured, then the general
 // kernel retired) it also serves the numerical split: src_t == bf16, an fp32 checkpoint's output view, streamed
