@@ -65,9 +65,7 @@ def make_inputs(batch, n_layers, L, gen, device="cuda"):
 # Alternative launch configurations timed beside the defaults with --tune (REPLAYSSM_TUNE, see
 # csrc/common/cuda_utils.cuh): the evidence behind the defaults.
 STEP_TUNES = ["step_unroll=1", "step_unroll=2", "step_unroll=4", "step_unroll=8", "step_unroll=8,step_bps=2"]
-REPLAY_TUNES = ["replay_prefetch=0", "replay_prefetch=1", "replay_rows=128", "replay_rows=512", "replay_variant=1",
-                "replay_variant=2", "replay_variant=2,replay_rows=512", "replay_prologue=1", "replay_prologue=2",
-                "replay_prologue=3", "replay_variant=2,replay_prologue=3", "replay_variant=0"]
+REPLAY_TUNES = ["replay_variant=0", "replay_rows=128", "replay_rows=512", "replay_prefetch=0"]
 
 
 VIEW_TUNES = ["replay_variant=3"]  # the view through the plain-cache (v10) kernel

@@ -3,7 +3,8 @@
 # and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
 # with steps from: build test sanitize racecheck demo bench tune ncu profile stalls spec spectune gdn gdntune gdnspec (default: build test demo bench ncu).
 # tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch;
-# stalls: where that launch's warps were sampled, per SASS instruction (bench/ncu_top_stalls.py);
+# stalls: where that launch's warps were sampled, per SASS instruction (bench/ncu_top_stalls.py), and its ncu
+# sections; PROFILE_KERNEL (regex), PROFILE_CMD (the program launching it), PROFILE_SKIP, PROFILE_TAG choose another;
 # spec: speculative verify+commit vs the per-position baseline (issue 3); gdn: the GDN decode steps (issue 4);
 # spectune, gdntune: spec, gdn plus the kernels' alternative launch configurations; gdnspec: GDN verify+commit
 # vs its per-position baseline, with the alternative verify kernel.
@@ -42,11 +43,13 @@ for step in $STEPS; do
     bench) run bench python3 bench/bench_mamba2.py --out "$OUT/mamba2_decode.json" ;;
     tune) run tune python3 bench/bench_mamba2.py --tune --out "$OUT/mamba2_decode.json" ;;
     ncu) run ncu python3 bench/ncu_mamba2.py --out "$OUT/mamba2_ncu.json" ;;
-    stalls) run stalls bash -c "ncu --clock-control none -k regex:${PROFILE_KERNEL:-mamba2_replay_step_kernel} -s 2 -c 1 \
+    stalls) run stalls${PROFILE_TAG:-} bash -c "ncu --clock-control none -k regex:${PROFILE_KERNEL:-mamba2_replay_step_kernel} -s ${PROFILE_SKIP:-2} -c 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
         --section SourceCounters --section WarpStateStats --import-source yes -f -o /tmp/rssm_stalls \
-        python3 bench/ncu_mamba2.py --child --batch ${PROFILE_BATCH:-256} > /dev/null && \
-        ncu -i /tmp/rssm_stalls.ncu-rep --page source --csv --print-source sass > $OUT/stalls.csv && \
-        python3 bench/ncu_top_stalls.py $OUT/stalls.csv" ;;
+        ${PROFILE_CMD:-python3 bench/ncu_mamba2.py --child --batch ${PROFILE_BATCH:-256}} > /dev/null && \
+        ncu -i /tmp/rssm_stalls.ncu-rep > $OUT/stalls${PROFILE_TAG:-}_sections.txt && \
+        ncu -i /tmp/rssm_stalls.ncu-rep --page source --csv --print-source sass > $OUT/stalls${PROFILE_TAG:-}.csv && \
+        python3 bench/ncu_top_stalls.py $OUT/stalls${PROFILE_TAG:-}.csv" ;;
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;
     spectune) run spec python3 bench/bench_speculative.py --tune --out "$OUT/mamba2_speculative.json" ;;
     gdn) run gdn python3 bench/bench_gdn.py --out "$OUT/gdn_decode.json" ;;
