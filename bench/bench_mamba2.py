@@ -65,10 +65,8 @@ def make_inputs(batch, n_layers, L, gen, device="cuda"):
 # Alternative launch configurations timed beside the defaults with --tune (REPLAYSSM_TUNE, see
 # csrc/common/cuda_utils.cuh): the evidence behind the defaults.
 STEP_TUNES = ["step_unroll=1", "step_unroll=2", "step_unroll=4", "step_unroll=8", "step_unroll=8,step_bps=2"]
-REPLAY_TUNES = ["replay_variant=0", "replay_rows=128", "replay_rows=512", "replay_prefetch=0"]
-
-
-VIEW_TUNES = ["replay_variant=3"]  # the view through the plain-cache (v10) kernel
+REPLAY_TUNES = ["replay_rows=128", "replay_rows=512", "replay_prefetch=0"]
+VIEW_TUNES = []  # the view runs the same kernel and launcher as plain caches (REPLAY_TUNES' knobs apply to both)
 
 
 def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
@@ -130,8 +128,8 @@ def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, result, view, t
                                              out=t["out"], **kw)
     cursors_before = torch.stack([c.cursor.clone() for c in caches])
     result[f"{name}_us"] = common.time_graph(replay_cycle) / (L * n_layers)
-    if tune:
-        tunes = REPLAY_TUNES if view is None else VIEW_TUNES
+    tunes = REPLAY_TUNES if view is None else VIEW_TUNES
+    if tune and tunes:
         result[f"{name}_tuning_us"] = {k: v / (L * n_layers) for k, v in common.timed_configs(replay_cycle, tunes).items()}
     # Every replay of the cycle is L steps: cursors come back where they started, having gone all the way round.
     assert torch.equal(cursors_before, torch.stack([c.cursor for c in caches])), "cursors did not advance a full cycle"

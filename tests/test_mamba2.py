@@ -122,13 +122,13 @@ def test_shapes_that_are_not_tile_multiples(device, shape):
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("tune", ["replay_rows=32", "replay_rows=64,replay_prefetch=1", "replay_prefetch=1",
-                                  "replay_prefetch=0", "replay_variant=1", "replay_variant=2,replay_rows=48",
-                                  "replay_variant=0", "replay_variant=0,replay_rows=32", "step_unroll=1",
-                                  "step_unroll=2", "step_unroll=8,step_bps=2"])
+                                  "replay_prefetch=0", "replay_rows=96", "replay_rows=96,replay_prefetch=0",
+                                  "step_unroll=1", "step_unroll=2", "step_unroll=8,step_bps=2"])
 def test_cuda_replay_launch_configurations(monkeypatch, tune):
     """The replay kernel's launch configurations: many blocks per slot (each counting in on the arrival counter),
-    pad rows, mixed cursors and folds, with and without the ring fetched before the cursor; and the standard
-    step's (rows in flight per thread, blocks per SM), which the same sequence runs."""
+    blocks that straddle heads (96 rows, P = 64), pad rows, mixed cursors and folds, with and without the ring
+    fetched before the cursor; and the standard step's (rows in flight per thread, blocks per SM), which the
+    same sequence runs."""
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     L = 8
     res = run_sequence("cuda", H=8, P=64, N=128, G=2, L=L, batch=6, num_slots=9, T=2 * L + 3, act_dtype=torch.bfloat16,

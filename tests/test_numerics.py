@@ -142,25 +142,15 @@ def test_verify_with_the_numerical_split():
 @pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("N", [16, 128, 256])
 @pytest.mark.parametrize("mode", ["view", "stochastic"])
-def test_cuda_numerical_split_matches_cpu(mode, N, act_dtype):
+@pytest.mark.parametrize("tune", ["", "replay_prefetch=0,replay_rows=48"], ids=lambda t: t or "default")
+def test_cuda_numerical_split_matches_cpu(monkeypatch, tune, mode, N, act_dtype):
     """The CUDA replay step with a bf16 view (fp32 master) or with stochastic rounding at folds (bf16 checkpoint)
     against the CPU one on the same inputs: the same outputs to fp32 accuracy (the view's values are the same
     roundings of the same states), the master equal to fp32 accuracy and the view its rounding exactly; with
     stochastic rounding the same roundings for the same seed (all but elements whose fp32 value differs in
     its last bits between the two implementations' summation orders), reproducible run to run, and the same
-    fold counts. Row layouts of 2, 4 and 8 lanes (N = 16, 128, 256)."""
-    split_matches_cpu(mode, N, act_dtype)
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("N", [16, 128, 256])
-@pytest.mark.parametrize("mode", ["view", "stochastic"])
-@pytest.mark.parametrize("tune", ["replay_variant=3", "replay_variant=3,replay_prefetch=0,replay_rows=48"])
-def test_cuda_split_through_the_plain_kernel_matches_cpu(monkeypatch, tune, mode, N, act_dtype):
-    """The numerical split through the plain-cache (v10) kernel (REPLAYSSM_TUNE replay_variant=3; blocks that
-    straddle heads, the ring read after the cursor): as above."""
+    fold counts. Row layouts of 2, 4 and 8 lanes (N = 16, 128, 256); the default launch, and blocks that
+    straddle heads with the ring read after the cursor."""
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     split_matches_cpu(mode, N, act_dtype)
 

@@ -1,14 +1,15 @@
-// The replay kernel of plain caches (no output view, rounding to nearest): "v10" as measured at commit 6d3ccfd,
-// kept (its prologue and row loop unchanged; the split's fold paths added) because the general kernel in
-// kernels.cuh (which adds the view and stochastic rounding at folds) runs 1.2-1.3x slower for reasons not yet
-// found (bench/results/mamba2_decode_tune_cdcd8b1.json; the main loops compile to the same instructions; the
-// prologue forms were A/B'd without effect). Merge them once the cause is known. (One change from v10:
+// The replay-step kernel, for every cache: "v10" as measured at commit 6d3ccfd (its prologue and row loop
+// unchanged), with the numerical split's fold paths added. It replaced, in session 4, the general kernel that
+// had served the split from kernels.cuh: on the H200 at d8f3208 (bench/results/mamba2_decode.json) that one ran
+// 1.14-1.58x slower on plain caches and 1.05-1.07x slower on the view at batch 32-256 (0.6 us faster on the view
+// at batch 1), for reasons not found (the main loops compiled to the same instructions; the prologue forms were
+// A/B'd without effect: bench/NOTES.md, bench/results/mamba2_decode_tune_cdcd8b1.json). (One change from v10:
 // ReplayLanes gives 16-bit checkpoints of N = 256 eight lanes per row, not four, which spilled registers.)
 // Included by kernels.cuh inside namespace replayssm, after everything it uses.
-// src_t == ckpt_t: v10 (plain caches). With REPLAYSSM_TUNE replay_variant=3 (to be measured, then the general
-// kernel retired) it also serves the numerical split: src_t == bf16, an fp32 checkpoint's output view, streamed
-// for the outputs while folds read the fp32 master and write master and view; and 16-bit checkpoints with
-// stochastic rounding at folds (the fold count read before the block counts in, incremented by the last block).
+// src_t == ckpt_t: the checkpoint is streamed for the outputs and rewritten at folds, rounded to nearest or, for
+// 16-bit checkpoints with sr_seed, stochastically (the fold count read before the block counts in, incremented
+// by the last block). src_t == bf16: an fp32 checkpoint's output view, streamed for the outputs while folds read
+// the fp32 master and write master and view.
 template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel_v10(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
@@ -316,8 +317,10 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   const int forced_rows = tune_knob("replay_rows");
   if (forced_rows > 0) rows = forced_rows;
   rows = std::max<int64_t>(Layout::kRowsPerIter, (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
+  // At most kThreads heads per block (the decays take a thread per head; a block that straddles heads holds one
+  // more than rows / headdim).
   int rows_per_block = static_cast<int>(std::min<int64_t>({rows, group_rows, forced_rows > 0 ? int64_t(1) << 20 : 256,
-                                                          int64_t(kThreads) * p.headdim}));
+                                                          int64_t(kThreads - 1) * p.headdim}));
   auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
   auto smem_for = [&](int r) {
     return size_t(ReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kN, c.ring_len, heads_for(r)).total);
