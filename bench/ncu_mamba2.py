@@ -23,7 +23,7 @@ import common  # noqa: E402
 METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum"
 
 
-def workload(batch: int, L: int) -> None:
+def workload(batch: int, L: int, view: bool = False) -> None:
     import replayssm
     from replayssm import Mamba2ReplayCache
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -36,7 +36,8 @@ def workload(batch: int, L: int) -> None:
         t = step[0]
         replayssm.mamba2_step(pool, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots, out=t["out"], **kw)
     del pool
-    cache = Mamba2ReplayCache.allocate(batch, bm.H, bm.P, bm.G, bm.N, ring_len=L, act_dtype=bm.ACT, device="cuda")
+    cache = Mamba2ReplayCache.allocate(batch, bm.H, bm.P, bm.G, bm.N, ring_len=L, act_dtype=bm.ACT, device="cuda",
+                                       output_view=torch.bfloat16 if view else None)
     cache.cursor.copy_(torch.randint(0, L, (batch,), generator=gen, device="cuda", dtype=torch.int32))
     for step in inputs:
         t = step[0]
@@ -50,10 +51,11 @@ def main():
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--ring-len", type=int, default=16)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--view", action="store_true", help="(with --child, for profiling) the replay cache with a bf16 output view")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "mamba2_ncu.json"))
     args = parser.parse_args()
     if args.child:
-        workload(args.batch, args.ring_len)
+        workload(args.batch, args.ring_len, args.view)
         return
     cmd = ["ncu", "--clock-control", "none", "--metrics", METRICS, "--csv", "--print-units", "base",
            "-k", "regex:mamba2_(step|replay_step)_kernel", sys.executable, os.path.abspath(__file__), "--child",

@@ -56,6 +56,29 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
+// kTok sums over aligned groups of kWidth lanes at once (kTok a power of two <= kWidth): v[k] of every lane
+// in, and each lane ends with the group's sum of v[lane_in_group / (kWidth / kTok)]. Each halving step sends
+// half of the remaining values to the partner lane and keeps the other half, so kTok sums cost
+// kTok - 1 + log2(kWidth / kTok) shuffles where kTok group_sums cost kTok * log2(kWidth). v is clobbered.
+template <int kWidth, int kTok>
+__device__ __forceinline__ float reduce_scatter(float (&v)[kTok], int lane_in_group) {
+  static_assert(kTok >= 1 && (kTok & (kTok - 1)) == 0 && kTok <= kWidth, "kTok: a power of two <= kWidth");
+#pragma unroll
+  for (int half = kTok / 2, mask = kWidth / 2; half >= 1; half /= 2, mask /= 2) {
+    const bool upper = (lane_in_group & mask) != 0;  // keeps the upper half of the remaining values
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float send = upper ? v[i] : v[i + half];
+      const float keep = upper ? v[i + half] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
+    }
+  }
+  float r = v[0];
+#pragma unroll
+  for (int mask = kWidth / (2 * kTok); mask > 0; mask /= 2) r += __shfl_xor_sync(0xffffffffu, r, mask);
+  return r;
+}
+
 // An index that validation on the host cannot see (it lives on the device) is out of range: report it
 // and stop the kernel, the way PyTorch's device-side asserts do. Nothing out of bounds is touched.
 #define RSSM_DEVICE_CHECK(cond, fmt, ...)                                     \

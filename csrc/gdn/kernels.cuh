@@ -11,7 +11,7 @@
 //   through a cp.async staging ring of kStages stages in shared memory; the ring u/k/g, v_t and the normalised
 //   q/k are staged into shared memory in the prologue, the block scalars (k_j . k_t, k_j . q_t, the decays)
 //   computed once per block. A slot's blocks count in on the cache's arrival counter once all their threads have
-//   read the cursor; the slot's last block advances it (as mamba2_replay_step_kernel does). The numerical split
+//   read the cursor; the slot's last block advances it (as the Mamba-2 replay step (mamba2_replay_step_kernel_v10) does). The numerical split
 //   (not yet run on a GPU): an fp32 checkpoint's bf16 view streamed instead of the checkpoint (folds read the
 //   master and write master and view), stochastic rounding of a 16-bit checkpoint at folds.
 // * gdn_replay_verify_kernel (the default): first version (plain loads, no pipeline), its rows split over blocks

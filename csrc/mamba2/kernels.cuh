@@ -203,7 +203,7 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
 //   fewer; entries past the cursor are read and ignored. At larger batch only the cursor's entries are read.
 // The cursor is advanced by the slot's last block to count itself in on a per-slot arrival counter, which
 // each block does as soon as all its threads have read the cursor: one launch suffices, with no host sync;
-// graph-capturable. The kernel and its launcher: replay_plain.cuh, included below.
+// graph-capturable. The kernel and its launcher: replay_step.cuh, included below.
 template <typename ckpt_t, int kN>
 struct ReplayLanes {  // lanes per row: 4 (fewer when a row has fewer 16-byte vectors), more when a lane would hold
                      // over 32 columns (registers spill)
@@ -283,7 +283,7 @@ __device__ __forceinline__ void copy_head_rows(T* dst, int dst_stride, const T* 
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-#include "replay_plain.cuh"  // the replay-step kernel
+#include "replay_step.cuh"  // the replay-step kernel
 
 template <DType kCkpt>
 void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
@@ -291,7 +291,7 @@ void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStrea
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
       using act_t = typename CudaType<kAct>::type;
-      // One kernel for every cache (replay_plain.cuh). Plain caches, and 16-bit checkpoints with stochastic
+      // One kernel for every cache (replay_step.cuh). Plain caches, and 16-bit checkpoints with stochastic
       // rounding at folds: three stages. The bf16 view of an fp32 checkpoint: six (kStreamStages), the same bytes
       // in flight per thread as an fp32 checkpoint's three (N >= 32). Measured against the general kernel that
       // served the split until session 4 (bench/results/mamba2_decode.json, d8f3208, as REPLAYSSM_TUNE

@@ -8,8 +8,9 @@
 // Grid (row chunks of a group, G, batch), like the replay step, and the same streaming: the checkpoint rows
 // pass through a cp.async staging ring of kStages stages, the window's inputs and the committed ring entries
 // are staged into shared-memory tiles (one cp.async group) while the first stages are in flight, the block's
-// scalars (B_j . C_k and the decay weights, folded into one table W) are formed once, and each row then gives
-// its T outputs from registers and the tiles. A block counts in on the slot's arrival counter once every
+// scalars (B_j . C_k, 8 lanes per pair, and the decay weights, a thread per (head, k, j), folded into one table
+// W) are formed once, the ring's part of every output once per row (a thread per row, into yr), and the row
+// loop then only dots each streamed row with the C_k (kTok tokens at a time, one reduce-scatter). A block counts in on the slot's arrival counter once every
 // thread has read the cursor. The slot's last block to arrive writes the window's B and dt into the ring and the
 // new cursor and pending count (every block of the slot has read the old entries by then, and nobody reads
 // the new ones in this launch); each block writes its own rows' x into the ring.
@@ -30,7 +31,7 @@ namespace replayssm {
 
 struct VerifySmem {  // byte offsets, each section 16-byte aligned
   int ts;             // elements per row tile (rows of the block, padded to 8, plus 8: ring rows on other banks)
-  int staging, Craw, Bnew, Bold, Cf, dtold, dtnew, xold, xnew, znew, wf, decf, bc, W, deck, Ds, flag, total;
+  int staging, Craw, Bnew, Bold, Cf, dtold, dtnew, xold, xnew, znew, wf, decf, bc, W, deck, Ds, yr, flag, total;
   __host__ __device__ VerifySmem(int staging_bytes, int act_bytes, int rows, int dstate, int ring_len, int T, int heads) {
     auto up = [](int v) { return (v + 15) / 16 * 16; };
     ts = (rows + 7) / 8 * 8 + 8;
@@ -51,17 +52,18 @@ struct VerifySmem {  // byte offsets, each section 16-byte aligned
     W = o, o += up(heads * T * ring_len * 4);     // [head][k][j] exp(c_t - c_j) dt_j (B_j . C_k)
     deck = o, o += up(heads * T * 4);             // [head][k] exp(c_t)
     Ds = o, o += up(heads * 4);
+    yr = o, o += up(T * ts * 4);                  // [k][row] sum_{j<=t_k} W[k][j] x_j: the ring's part of y_k
     flag = o, o += 16;                            // [0] this block arrived last
     total = o;
   }
 };
 
-// kChunked (REPLAYSSM_TUNE verify_variant=1; to be measured): a row's tokens in chunks of kRegTokens whose
-// sums run side by side (one pass over the ring positions serving every token of the chunk, each x_j loaded
-// once; the chunk's lane reductions independent of one another), where the default forms one token after
-// another, each a dependent chain of loads and shuffles.
-template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
-          bool kChunked = false>
+// Instruction count is what limits this kernel (ncu at batch 256, T = 4, 2026-11-29: 4.4e8 warp instructions,
+// ~840 per warp per row iteration, DRAM 1/4 busy), so the row loop does only what needs the row: the ring's
+// part of the outputs is formed once per row before it (a thread per row, no reductions), and the T dots
+// with C run kTok at a time, reduced with one reduce-scatter over the row's lanes (kTok sums in log2(kLanes)
+// + kTok - 1 shuffles instead of kTok * log2(kLanes)).
+template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     mamba2_replay_verify_kernel(const Mamba2ReplayVerifyParams p, const int rows_per_block, const int max_heads, const bool io_vec) {
   constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
@@ -69,8 +71,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   constexpr bool kNarrow = !std::is_same_v<ckpt_t, float>;  // may round stochastically at folds
   using Layout = RowLayout<src_t, kN, kThreads, 1, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
-  // Tokens whose C stays in registers (48 registers at most: 64 spilled at 3 blocks per SM); the others are read from shared memory per row.
-  constexpr int kRegTokens = 48 / kCols > 4 ? 4 : (48 / kCols < 1 ? 1 : 48 / kCols);
   const Mamba2ReplayCacheParams& c = p.cache;
   const int b = blockIdx.z, g = blockIdx.y;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
@@ -132,6 +132,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   float* W = reinterpret_cast<float*>(smem_raw + off.W);
   float* deck = reinterpret_cast<float*>(smem_raw + off.deck);
   float* Ds = reinterpret_cast<float*>(smem_raw + off.Ds);
+  float* yr = reinterpret_cast<float*>(smem_raw + off.yr);
   int* last_flag = reinterpret_cast<int*>(smem_raw + off.flag);
   const int ts = off.ts;
 
@@ -198,46 +199,89 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // ---- Block scalars. Positions after the (early) fold: j < base are committed entries, j >= base the window.
   for (int idx = threadIdx.x; idx < T * kN; idx += kThreads) Cf[idx] = to_float(Craw[idx]);
   auto dt_at = [&](int hl, int j) { return j < base ? dtold[hl * L + j] : dtnew[hl * Tmax + j - base]; };
-  {
-    constexpr int kPer = kN >= 32 ? kN / 32 : 1;  // this lane's contiguous elements of B_j and C_k
-    for (int idx = warp; idx < T * (base + T); idx += Layout::kWarps) {  // a warp per (k, j <= t_k)
-      const int k = idx / (base + T), j = idx % (base + T);
-      if (j > base + k) continue;
-      const act_t* Bj = j < base ? Bold + j * kN : Bnew + (j - base) * kN;
+  {  // B_j . C_k for j <= t_k: 8 lanes per pair, kPer contiguous elements each (every lane of a warp runs the
+     // same trip count: the shuffles take the whole warp)
+    constexpr int kPer = kN / 8;
+    const int npairs = T * (base + T), lane8 = lane & 7;
+    for (int first = warp * 4; first < npairs; first += kThreads / 8) {
+      const int idx = first + (lane >> 3), k = idx / (base + T), j = idx % (base + T);
+      const bool live = idx < npairs && j <= base + k;
       float acc = 0.f;
+      if (live) {
+        const act_t* Bj = (j < base ? Bold + j * kN : Bnew + (j - base) * kN) + lane8 * kPer;
+        const act_t* Ck = Craw + k * kN + lane8 * kPer;
 #pragma unroll
-      for (int e = 0; e < kPer; ++e)
-        if (kN >= 32 || lane < kN) acc = fmaf(to_float(Bj[lane * kPer + e]), to_float(Craw[k * kN + lane * kPer + e]), acc);
-      acc = group_sum<32>(acc);
-      if (lane == 0) bc[k * L + j] = acc;
+        for (int e = 0; e < kPer; ++e) acc = fmaf(to_float(Bj[e]), to_float(Ck[e]), acc);
+      }
+      acc = group_sum<8>(acc);
+      if (live && lane8 == 0) bc[k * L + j] = acc;
     }
   }
-  // Decay weights a thread per (head, k) in replay_decays' order (the CPU's values), and for an early fold a
-  // thread per head.
-  for (int idx = threadIdx.x; idx < nheads_block * T; idx += kThreads) {
-    const int hl = idx / T, k = idx % T;
-    deck[hl * Tmax + k] = replay_decays([&](int j) { return dt_at(hl, j); }, base + k, p.A[h0 + hl], W + (hl * Tmax + k) * L);
-  }
-  if (early)
-    for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads)
-      decf[hl] = replay_decays([&](int j) { return dtold[hl * L + j]; }, w0 - 1, p.A[h0 + hl], wf + hl * L);
   __syncthreads();
-  for (int idx = threadIdx.x; idx < nheads_block * T * (base + T); idx += kThreads) {  // W *= dt_j (B_j . C_k)
+  // The decay weights, a thread per (head, k, j), each suffix sum in replay_decays' order (the CPU's values)
+  // without its serial chain of exponentials: W[k][j] = exp(c_t - c_j) dt_j (B_j . C_k), zero past the token
+  // (the ring sums below run to base + T); deck[k] = exp(c_t). For an early fold the same per (head, j < w0).
+  for (int idx = threadIdx.x; idx < nheads_block * T * (base + T); idx += kThreads) {
     const int hl = idx / (T * (base + T)), rem = idx % (T * (base + T)), k = rem / (base + T), j = rem % (base + T);
-    if (j <= base + k) W[(hl * Tmax + k) * L + j] *= dt_at(hl, j) * bc[k * L + j];
+    const int t = base + k;
+    float w = 0.f;
+    if (j <= t) {
+      const float A = p.A[h0 + hl];
+      float suffix = 0.f;
+      for (int i = t; i > j; --i) suffix += dt_at(hl, i);
+      w = expf(A * suffix) * dt_at(hl, j) * bc[k * L + j];
+      if (j == 0) deck[hl * Tmax + k] = expf(A * (suffix + dt_at(hl, 0)));
+    }
+    W[(hl * Tmax + k) * L + j] = w;
   }
-  if (early)
-    for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) wf[(idx / w0) * L + idx % w0] *= dtold[(idx / w0) * L + idx % w0];
+  if (early) {
+    for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
+      const int hl = idx / w0, j = idx % w0;
+      const float A = p.A[h0 + hl];
+      float suffix = 0.f;
+      for (int i = w0 - 1; i > j; --i) suffix += dtold[hl * L + i];
+      wf[hl * L + j] = expf(A * suffix) * dtold[hl * L + j];
+      if (j == 0) decf[hl] = expf(A * (suffix + dtold[hl * L]));
+    }
+    if (w0 == 0 && threadIdx.x < nheads_block) decf[threadIdx.x] = 1.f;  // (an empty committed ring)
+  }
   __syncthreads();
 
-  // This lane's columns of C_k for the first kRegTokens tokens, in registers for the whole row loop.
-  float Creg[kRegTokens][kCols];
+  // The ring's part of every output, a thread per row: yr[k][row] = sum_j W[k][j] x_j[row] (W is zero past
+  // the token). The row loop then only forms exp(c_t) (S_c C_k), in chunks of kTok tokens.
+  for (int rl = threadIdx.x; rl < nrows; rl += kThreads) {
+    const int hl = (row_begin + rl) / p.headdim - head_begin;
+    for (int k0 = 0; k0 < T; k0 += 4) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      const float* Wk = W + (hl * Tmax + k0) * L;
+      const int j_end = base + min(k0 + 4, T);
+      for (int j = 0; j < j_end; ++j) {
+        const float xj = to_float(j < base ? xold[j * ts + rl] : xnew[(j - base) * ts + rl]);
 #pragma unroll
-  for (int k = 0; k < kRegTokens; ++k)
+        for (int kk = 0; kk < 4; ++kk)
+          if (k0 + kk < T) acc[kk] = fmaf(Wk[kk * L + j], xj, acc[kk]);
+      }
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v)
+      for (int kk = 0; kk < 4; ++kk)
+        if (k0 + kk < T) yr[(k0 + kk) * ts + rl] = acc[kk];
+    }
+  }
+  // Tokens per chunk: one per group of kLanes / kTok lanes after the reduce-scatter. C of the first chunk stays
+  // in registers when it fits in 64 (else, and for later chunks, it is read from shared memory per row).
+  constexpr int kTok = kLanes < 4 ? kLanes : 4;
+  constexpr bool kCRegs = kTok * kCols <= 64;
+  float Creg[kCRegs ? kTok : 1][kCols];
+  if constexpr (kCRegs) {
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) Creg[k][v * kVec + e] = k < T ? Cf[k * kN + Layout::col(lane_in_row, v, e)] : 0.f;
+    for (int k = 0; k < kTok; ++k)
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) Creg[k][v * kVec + e] = k < T ? Cf[k * kN + Layout::col(lane_in_row, v, e)] : 0.f;
+  }
+  const int my_tok = lane_in_row / (kLanes / kTok);         // the chunk's token whose sum this lane ends with
+  const bool writer = lane_in_row % (kLanes / kTok) == 0;  // one lane of those writes it
+  __syncthreads();  // yr written
 
   // ---- Stream the block's rows: fold (early), then the T outputs.
   RowPos pos = pos0;
@@ -304,96 +348,45 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         if (valid) Layout::store_row(ckpt_row(q), lane_in_row, s);
       }
     }
-    // Token k's output from this row: this lane's columns of the row against C_k (from registers, cregs, or
-    // shared memory) and its share of the ring positions, summed over the row's lanes.
-    auto output = [&](int k, const float* cregs) {
-      const int t = base + k;
-      float sc = 0.f;
-      if (cregs != nullptr) {
+    // The outputs, kTok tokens at a time: this lane's columns of the row against C_k, reduce-scattered over
+    // the row's lanes (each lane group ends with one token's sum), and its writer lane adds the rest.
+    auto chunk = [&](const int k0, auto from_regs) {
+      float sc[kTok];
 #pragma unroll
-        for (int col = 0; col < kCols; ++col) sc = fmaf(s[col], cregs[col], sc);
-      } else {
-        const float* Ck = Cf + k * kN;
+      for (int kk = 0; kk < kTok; ++kk) {
+        sc[kk] = 0.f;
+        if constexpr (decltype(from_regs)::value) {
 #pragma unroll
-        for (int v = 0; v < kVecs; ++v)
+          for (int col = 0; col < kCols; ++col) sc[kk] = fmaf(s[col], Creg[kk][col], sc[kk]);
+        } else {
+          const float* Ck = Cf + min(k0 + kk, T - 1) * kN;  // (a token past T: any finite C; its sum is not written)
 #pragma unroll
-          for (int e = 0; e < kVec; e += 4) {
-            const float4 cv = *reinterpret_cast<const float4*>(Ck + Layout::col(lane_in_row, v, e));
-            sc = fmaf(s[v * kVec + e], cv.x, sc);
-            sc = fmaf(s[v * kVec + e + 1], cv.y, sc);
-            sc = fmaf(s[v * kVec + e + 2], cv.z, sc);
-            sc = fmaf(s[v * kVec + e + 3], cv.w, sc);
-          }
+          for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+            for (int e = 0; e < kVec; e += 4) {
+              const float4 cv = *reinterpret_cast<const float4*>(Ck + Layout::col(lane_in_row, v, e));
+              sc[kk] = fmaf(s[v * kVec + e], cv.x, sc[kk]);
+              sc[kk] = fmaf(s[v * kVec + e + 1], cv.y, sc[kk]);
+              sc[kk] = fmaf(s[v * kVec + e + 2], cv.z, sc[kk]);
+              sc[kk] = fmaf(s[v * kVec + e + 3], cv.w, sc[kk]);
+            }
+        }
       }
-      const float* Wk = W + (hl * Tmax + k) * L;
-      float y = deck[hl * Tmax + k] * sc;
-      for (int j = lane_in_row; j <= t; j += kLanes)
-        y = fmaf(Wk[j], to_float(j < base ? xold[j * ts + rl] : xnew[(j - base) * ts + rl]), y);
-      y = group_sum<kLanes>(y);
-      if (valid && lane_in_row == 0) {
+      const float sum = reduce_scatter<kLanes, kTok>(sc, lane_in_row);
+      const int k = k0 + my_tok;
+      if (valid && writer && k < T) {
+        float y = fmaf(deck[hl * Tmax + k], sum, yr[k * ts + rl]);
         y = fmaf(Ds[hl], to_float(xnew[k * ts + rl]), y);
         if (p.z) y *= silu(to_float(znew[k * ts + rl]));
         static_cast<act_t*>(p.out)[b * p.out_batch_stride + k * p.out_token_stride + (h0 + hl) * p.out_head_stride + q.i] =
             from_float<act_t>(y);
       }
     };
-    if constexpr (!kChunked) {
-#pragma unroll
-      for (int k = 0; k < kRegTokens; ++k)
-        if (k < T) output(k, Creg[k]);
-      for (int k = kRegTokens; k < T; ++k) output(k, nullptr);
-    } else {
-      // Tokens k0 .. k0 + kRegTokens - 1 (those < T); C from registers for the first chunk (k0 == 0).
-      auto chunk = [&](const int k0, auto from_regs) {
-        constexpr bool kRegs = decltype(from_regs)::value;
-        float y[kRegTokens];
-#pragma unroll
-        for (int kk = 0; kk < kRegTokens; ++kk) {
-          const int k = k0 + kk;
-          float sc = 0.f;
-          if constexpr (kRegs) {
-#pragma unroll
-            for (int col = 0; col < kCols; ++col) sc = fmaf(s[col], Creg[kk][col], sc);
-          } else if (k < T) {
-            const float* Ck = Cf + k * kN;
-#pragma unroll
-            for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-              for (int e = 0; e < kVec; e += 4) {
-                const float4 cv = *reinterpret_cast<const float4*>(Ck + Layout::col(lane_in_row, v, e));
-                sc = fmaf(s[v * kVec + e], cv.x, sc);
-                sc = fmaf(s[v * kVec + e + 1], cv.y, sc);
-                sc = fmaf(s[v * kVec + e + 2], cv.z, sc);
-                sc = fmaf(s[v * kVec + e + 3], cv.w, sc);
-              }
-          }
-          y[kk] = k < T ? deck[hl * Tmax + k] * sc : 0.f;
-        }
-        const int t_last = base + min(k0 + kRegTokens, T) - 1;  // the chunk's last ring position
-        for (int j = lane_in_row; j <= t_last; j += kLanes) {
-          const float xj = to_float(j < base ? xold[j * ts + rl] : xnew[(j - base) * ts + rl]);
-#pragma unroll
-          for (int kk = 0; kk < kRegTokens; ++kk) {
-            const int k = k0 + kk;
-            if (k < T && j <= base + k) y[kk] = fmaf(W[(hl * Tmax + k) * L + j], xj, y[kk]);
-          }
-        }
-#pragma unroll
-        for (int kk = 0; kk < kRegTokens; ++kk) y[kk] = group_sum<kLanes>(y[kk]);
-        if (valid && lane_in_row == 0) {
-#pragma unroll
-          for (int kk = 0; kk < kRegTokens; ++kk) {
-            const int k = k0 + kk;
-            if (k >= T) break;
-            float out = fmaf(Ds[hl], to_float(xnew[k * ts + rl]), y[kk]);
-            if (p.z) out *= silu(to_float(znew[k * ts + rl]));
-            static_cast<act_t*>(p.out)[b * p.out_batch_stride + k * p.out_token_stride + (h0 + hl) * p.out_head_stride + q.i] =
-                from_float<act_t>(out);
-          }
-        }
-      };
+    if constexpr (kCRegs) {
       chunk(0, std::true_type{});
-      for (int k0 = kRegTokens; k0 < T; k0 += kRegTokens) chunk(k0, std::false_type{});
+      for (int k0 = kTok; k0 < T; k0 += kTok) chunk(k0, std::false_type{});
+    } else {
+      for (int k0 = 0; k0 < T; k0 += kTok) chunk(k0, std::false_type{});
     }
   }
   cp_async_wait<0>();  // (only empty groups remain)
@@ -437,13 +430,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
 }
 
-// Launch: 128 threads, the replay step's row layout and stages (StreamLanes, kStreamStages), 256 rows per block
-// at most, fewer when that keeps three blocks on an SM within its shared memory, or when the grid would not
-// fill the GPU. REPLAYSSM_TUNE: verify_rows (rows per block), verify_variant (1: kChunked). src_t: what the
-// row loop streams (the checkpoint, or its bf16 output view).
+// Launch: 128 threads, the replay step's row layout (StreamLanes) with 3 stages (the v10 replay step's depth:
+// 3 blocks x 128 threads x 3 x 64 B = 72 KiB in flight per SM; the 6 of kStreamStages took 48 KiB of a block's
+// shared memory, which cut blocks to 64 rows at T = 4, L = 32, and every block repeats the block scalars: ncu
+// at batch 256, 2026-11-29, had 32768 blocks and the prologue as half the samples), 256 rows per block at most,
+// fewer when that keeps three blocks on an SM within its shared memory, or when the grid would not fill the
+// GPU. REPLAYSSM_TUNE: verify_rows (rows per block). src_t: what the row loop streams (the checkpoint, or its
+// bf16 output view).
 template <typename ckpt_t, typename src_t, typename act_t, int kN>
 void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t stream) {
-  constexpr int kThreads = 128, kStages = kStreamStages, kMinBlocks = 3;
+  constexpr int kThreads = 128, kStages = 3, kMinBlocks = 3;
   constexpr int kLanes = StreamLanes<src_t, kN>::value;
   using Layout = RowLayout<src_t, kN, kThreads, 1, kLanes>;
   const Mamba2ReplayCacheParams& c = p.cache;
@@ -481,9 +477,7 @@ void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t
                       c.ring_x_slot_stride % kV == 0 && c.ring_x_pos_stride % kV == 0 && c.ring_B_slot_stride % kV == 0 &&
                       c.ring_B_pos_stride % kV == 0 && c.ring_B_group_stride % kV == 0 &&
                       (!p.z || (aligned16(p.z) && p.z_head_stride == p.headdim && p.z_batch_stride % kV == 0 && p.z_token_stride % kV == 0));
-  auto kernel = tune_knob("verify_variant") == 1
-                    ? mamba2_replay_verify_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, true>
-                    : mamba2_replay_verify_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, false>;
+  auto kernel = mamba2_replay_verify_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks>;
   const int smem_bytes = smem_for(rows_per_block);
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes), "mamba2_replay_verify shared memory");
   const dim3 grid((group_rows + rows_per_block - 1) / rows_per_block, p.ngroups, p.batch);
