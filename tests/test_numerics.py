@@ -142,7 +142,8 @@ def test_verify_with_the_numerical_split():
 @pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("N", [16, 128, 256])
 @pytest.mark.parametrize("mode", ["view", "stochastic"])
-@pytest.mark.parametrize("tune", ["", "replay_prefetch=0,replay_rows=48"], ids=lambda t: t or "default")
+@pytest.mark.parametrize("tune", ["", "replay_prefetch=0,replay_rows=48", "stream_lean=1", "stream_lean=1,replay_rows=48"],
+                         ids=lambda t: t or "default")
 def test_cuda_numerical_split_matches_cpu(monkeypatch, tune, mode, N, act_dtype):
     """The CUDA replay step with a bf16 view (fp32 master) or with stochastic rounding at folds (bf16 checkpoint)
     against the CPU one on the same inputs: the same outputs to fp32 accuracy (the view's values are the same

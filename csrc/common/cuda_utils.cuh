@@ -48,6 +48,33 @@ __device__ __forceinline__ void store16_stream(T* ptr, const float (&in)[kVec]) 
   __stcs(reinterpret_cast<uint4*>(ptr), raw);
 }
 
+// kCount contiguous elements of T from shared memory, as floats, in 8- or 16-byte loads (p aligned to
+// min(16, kCount * sizeof(T)) bytes; kCount * sizeof(T) a multiple of 8).
+template <typename T, int kCount>
+__device__ __forceinline__ void load_shared_vec(const T* p, float (&out)[kCount]) {
+  constexpr int kBytes = kCount * int(sizeof(T));
+  static_assert(kBytes % 8 == 0, "whole 8-byte words");
+  if constexpr (kBytes % 16 == 0) {
+    constexpr int kPer = 16 / sizeof(T);
+#pragma unroll
+    for (int q = 0; q < kBytes / 16; ++q) {
+      const uint4 raw = reinterpret_cast<const uint4*>(p)[q];
+      const T* elems = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) out[q * kPer + e] = to_float(elems[e]);
+    }
+  } else {
+    constexpr int kPer = 8 / sizeof(T);
+#pragma unroll
+    for (int q = 0; q < kBytes / 8; ++q) {
+      const uint2 raw = reinterpret_cast<const uint2*>(p)[q];
+      const T* elems = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) out[q * kPer + e] = to_float(elems[e]);
+    }
+  }
+}
+
 // Sum over aligned groups of kWidth lanes (kWidth a power of two <= 32); every lane gets its group's sum.
 template <int kWidth>
 __device__ __forceinline__ float group_sum(float v) {

@@ -10,7 +10,13 @@
 // 16-bit checkpoints with sr_seed, stochastically (the fold count read before the block counts in, incremented
 // by the last block). src_t == bf16: an fp32 checkpoint's output view, streamed for the outputs while folds read
 // the fp32 master and write master and view.
-template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages>
+// kLean (REPLAYSSM_TUNE stream_lean=1; session 4, not yet run on a GPU): fewer instructions per row for the
+// same work. ncu of the plain kernel at batch 256 (2026-11-29) counted ~470 warp instructions per row iteration
+// where the arithmetic needs ~100: ~48 went to the cp.async issue (64-bit row addresses from (head, p) each
+// iteration), ~22 to the output's address, ~83 to folds (scalar 2-byte loads of B_j per column). kLean forms
+// the streamed row's address as a 32-bit offset from a per-lane base (the launcher checks it fits), the output's
+// likewise, and reads B_j at folds in 8/16-byte vectors.
+template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, bool kLean = false>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel_v10(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
                               const bool io_vec, const bool prefetch_ring) {
@@ -82,12 +88,23 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int ts = off.tile_stride;
 
   RowPos copy_pos = pos0;
+  // kLean: this lane's first column in the block's first head, and 32-bit strides (src_row's values).
+  const src_t* src_lane = kLean ? src_row(RowPos{0, 0, 0}) + Layout::col(lane_in_row, 0, 0) : nullptr;
+  const int src_head_stride = int(kView ? c.view_head_stride : c.ckpt_head_stride);
+  const int src_row_stride = int(kView ? c.view_row_stride : c.ckpt_row_stride);
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
     if (it < n_iter && copy_pos.r < row_end) {
-      const src_t* src = src_row(copy_pos);
+      if constexpr (kLean) {
+        const src_t* src = src_lane + (copy_pos.hl * src_head_stride + copy_pos.i * src_row_stride);
 #pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-        cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
+        for (int v = 0; v < kVecs; ++v)
+          cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + v * kLanes * Layout::kVec);
+      } else {
+        const src_t* src = src_row(copy_pos);
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+          cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
+      }
     }
     cp_async_commit();
     advance(copy_pos);
@@ -187,6 +204,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   __syncthreads();
 
   // ---- Stream the block's rows.
+  act_t* const out_block = static_cast<act_t*>(p.out) + b * p.out_batch_stride + int64_t(h0) * p.out_head_stride;  // (kLean)
   RowPos pos = pos0;
   for (int it = 0; it < n_iter; ++it) {
     issue(it + kStages - 1);
@@ -214,7 +232,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     if (valid && lane_in_row == 0) {
       y = fmaf(wdt_h[w] * bc[w] + Ds[hl], xt, y);
       if (p.z) y *= silu(to_float(zs[rl]));
-      static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hl) * p.out_head_stride + q.i] = from_float<act_t>(y);
+      if constexpr (kLean)
+        out_block[hl * int(p.out_head_stride) + q.i] = from_float<act_t>(y);
+      else
+        static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hl) * p.out_head_stride + q.i] = from_float<act_t>(y);
     }
     if (fold) {
       // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
@@ -236,10 +257,18 @@ __global__ void __launch_bounds__(kThreads, 3)
         const float coef = wdt_h[j] * to_float(xs[j * ts + rl]);
         const act_t* Bj = Bring + j * kN;
 #pragma unroll
-        for (int v = 0; v < kVecs; ++v)
+        for (int v = 0; v < kVecs; ++v) {
+          if constexpr (kLean) {
+            float bv[Layout::kVec];
+            load_shared_vec<act_t, Layout::kVec>(Bj + Layout::col(lane_in_row, v, 0), bv);
 #pragma unroll
-          for (int e = 0; e < Layout::kVec; ++e)
-            s[v * Layout::kVec + e] = fmaf(coef, to_float(Bj[Layout::col(lane_in_row, v, e)]), s[v * Layout::kVec + e]);
+            for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = fmaf(coef, bv[e], s[v * Layout::kVec + e]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < Layout::kVec; ++e)
+              s[v * Layout::kVec + e] = fmaf(coef, to_float(Bj[Layout::col(lane_in_row, v, e)]), s[v * Layout::kVec + e]);
+          }
+        }
       }
       const float coef = wdt_h[w] * xt;
 #pragma unroll
@@ -349,7 +378,14 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   const int forced_prefetch = tune_knob("replay_prefetch");
   const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * 3;
   const size_t smem_bytes = smem_for(rows_per_block);
-  auto kernel = mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages>;
+  // kLean's 32-bit offsets: a block's rows within a group of heads, and the outputs of a batch row.
+  const bool view = !std::is_same_v<src_t, ckpt_t>;
+  const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
+  const bool offsets_fit = int64_t(p.nheads / p.ngroups) * head_stride + int64_t(p.headdim) * row_stride < (int64_t(1) << 31) &&
+                           int64_t(p.nheads) * p.out_head_stride < (int64_t(1) << 31);
+  auto kernel = tune_knob("stream_lean") == 1 && offsets_fit
+                    ? mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true>
+                    : mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, false>;
   if (smem_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");

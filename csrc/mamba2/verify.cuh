@@ -63,7 +63,13 @@ struct VerifySmem {  // byte offsets, each section 16-byte aligned
 // part of the outputs is formed once per row before it (a thread per row, no reductions), and the T dots
 // with C run kTok at a time, reduced with one reduce-scatter over the row's lanes (kTok sums in log2(kLanes)
 // + kTok - 1 shuffles instead of kTok * log2(kLanes)).
-template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
+// kLean (REPLAYSSM_TUNE stream_lean=1; session 4, not yet run on a GPU), as in the replay step: the streamed
+// row's and the outputs' addresses as 32-bit offsets from per-lane/per-block bases (ncu at batch 256, T = 4,
+// 2026-11-29: the cp.async issue ~10% of the instructions, the outputs' addresses ~6%), and no zeroing select
+// per element for the past-the-end rows of the last iteration (~7%: their sums stay within their own lanes'
+// reduce-scatter, are never written, and their folds are not stored).
+template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
+          bool kLean = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     mamba2_replay_verify_kernel(const Mamba2ReplayVerifyParams p, const int rows_per_block, const int max_heads, const bool io_vec) {
   constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
@@ -137,12 +143,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int ts = off.ts;
 
   RowPos copy_pos = pos0;
+  // kLean: this lane's first column in the block's first head, and 32-bit strides (src_row's values).
+  const src_t* src_lane = kLean ? src_row(RowPos{0, 0, 0}) + Layout::col(lane_in_row, 0, 0) : nullptr;
+  const int src_head_stride = int(kView ? c.view_head_stride : c.ckpt_head_stride);
+  const int src_row_stride = int(kView ? c.view_row_stride : c.ckpt_row_stride);
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
     if (it < n_iter && copy_pos.r < row_end) {
-      const src_t* src = src_row(copy_pos);
+      if constexpr (kLean) {
+        const src_t* src = src_lane + (copy_pos.hl * src_head_stride + copy_pos.i * src_row_stride);
 #pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-        cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
+        for (int v = 0; v < kVecs; ++v)
+          cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + v * kLanes * kVec);
+      } else {
+        const src_t* src = src_row(copy_pos);
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+          cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
+      }
     }
     cp_async_commit();
     advance(copy_pos);
@@ -284,6 +301,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   __syncthreads();  // yr written
 
   // ---- Stream the block's rows: fold (early), then the T outputs.
+  act_t* const out_block = static_cast<act_t*>(p.out) + b * p.out_batch_stride + int64_t(h0) * p.out_head_stride;  // (kLean)
   RowPos pos = pos0;
   for (int it = 0; it < n_iter; ++it) {
     issue(it + kStages - 1);
@@ -298,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
       const src_t* elems = reinterpret_cast<const src_t*>(&raw);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = valid ? to_float(elems[e]) : 0.f;
+      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = (kLean || valid) ? to_float(elems[e]) : 0.f;
     }
     if (early) {  // S_c <- exp(c_w) S_c + sum_{j<w} exp(c_w - c_j) dt_j x_j B_j, stored as the checkpoint stores it
       if constexpr (kView) {  // from this lane's columns of the fp32 master row (the view served the staging)
@@ -378,8 +396,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         float y = fmaf(deck[hl * Tmax + k], sum, yr[k * ts + rl]);
         y = fmaf(Ds[hl], to_float(xnew[k * ts + rl]), y);
         if (p.z) y *= silu(to_float(znew[k * ts + rl]));
-        static_cast<act_t*>(p.out)[b * p.out_batch_stride + k * p.out_token_stride + (h0 + hl) * p.out_head_stride + q.i] =
-            from_float<act_t>(y);
+        if constexpr (kLean)
+          out_block[k * int(p.out_token_stride) + hl * int(p.out_head_stride) + q.i] = from_float<act_t>(y);
+        else
+          static_cast<act_t*>(p.out)[b * p.out_batch_stride + k * p.out_token_stride + (h0 + hl) * p.out_head_stride + q.i] =
+              from_float<act_t>(y);
       }
     };
     if constexpr (kCRegs) {
@@ -477,7 +498,14 @@ void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t
                       c.ring_x_slot_stride % kV == 0 && c.ring_x_pos_stride % kV == 0 && c.ring_B_slot_stride % kV == 0 &&
                       c.ring_B_pos_stride % kV == 0 && c.ring_B_group_stride % kV == 0 &&
                       (!p.z || (aligned16(p.z) && p.z_head_stride == p.headdim && p.z_batch_stride % kV == 0 && p.z_token_stride % kV == 0));
-  auto kernel = mamba2_replay_verify_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks>;
+  // kLean's 32-bit offsets: a block's rows within a group of heads, and the outputs of a batch row.
+  const bool view = !std::is_same_v<src_t, ckpt_t>;
+  const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
+  const bool offsets_fit = int64_t(p.nheads / p.ngroups) * head_stride + int64_t(p.headdim) * row_stride < (int64_t(1) << 31) &&
+                           int64_t(p.ntokens) * p.out_token_stride + int64_t(p.nheads) * p.out_head_stride < (int64_t(1) << 31);
+  auto kernel = tune_knob("stream_lean") == 1 && offsets_fit
+                    ? mamba2_replay_verify_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, true>
+                    : mamba2_replay_verify_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, false>;
   const int smem_bytes = smem_for(rows_per_block);
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes), "mamba2_replay_verify shared memory");
   const dim3 grid((group_rows + rows_per_block - 1) / rows_per_block, p.ngroups, p.batch);
