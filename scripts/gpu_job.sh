@@ -48,8 +48,8 @@ for step in $STEPS; do
         --section SourceCounters --section WarpStateStats --import-source yes -f -o /tmp/rssm_stalls \
         ${PROFILE_CMD:-python3 bench/ncu_mamba2.py --child --batch ${PROFILE_BATCH:-256}} > /dev/null && \
         ncu -i /tmp/rssm_stalls.ncu-rep > $OUT/stalls${PROFILE_TAG:-}_sections.txt && \
-        ncu -i /tmp/rssm_stalls.ncu-rep --page source --csv --print-source sass > $OUT/stalls${PROFILE_TAG:-}.csv && \
-        python3 bench/ncu_top_stalls.py $OUT/stalls${PROFILE_TAG:-}.csv" ;;
+        ncu -i /tmp/rssm_stalls.ncu-rep --page source --csv --print-source sass > /tmp/stalls${PROFILE_TAG:-}.csv && \
+        python3 bench/ncu_top_stalls.py /tmp/stalls${PROFILE_TAG:-}.csv" ;;  # (the CSV stays on the machine: a run returns 8 files at most)
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;
     spectune) run spec python3 bench/bench_speculative.py --tune --out "$OUT/mamba2_speculative.json" ;;
     gdn) run gdn python3 bench/bench_gdn.py --out "$OUT/gdn_decode.json" ;;
