@@ -15,7 +15,7 @@
 // where the arithmetic needs ~100: ~48 went to the cp.async issue (64-bit row addresses from (head, p) each
 // iteration), ~22 to the output's address, ~83 to folds (scalar 2-byte loads of B_j per column). kLean forms
 // the streamed row's address as a 32-bit offset from a per-lane base (the launcher checks it fits), the output's
-// likewise, and reads B_j at folds in 8/16-byte vectors.
+// likewise, reads B_j at folds in 8/16-byte vectors, and forms the block scalars in parallel (below).
 template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, bool kLean = false>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel_v10(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
@@ -167,20 +167,48 @@ __global__ void __launch_bounds__(kThreads, 3)
   int arrived = 0;
   if (threadIdx.x == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
 
-  // ---- Block scalars: B_j . C_t (a warp per j) and the decays (a thread per head).
+  // ---- Block scalars: B_j . C_t (a warp per j) and the decays (a thread per head). kLean: 8 lanes per j (every
+  // position at once for L <= kThreads / 8 + 1) and a thread per (head, j), each suffix sum in replay_decays'
+  // order (the CPU's values) without its serial chain of exponentials: a shorter prologue at small batches.
   const bool fold = is_fold_step(w, L);
-  for (int j = warp; j <= w; j += Layout::kWarps) {
-    float acc = 0.f;
-    for (int n = lane; n < kN; n += 32) acc = fmaf(j < w ? to_float(Bring[j * kN + n]) : Bt_s[n], C_s[n], acc);
-    acc = group_sum<32>(acc);
-    if (lane == 0) bc[j] = acc;
-  }
-  if (threadIdx.x < nheads_block) {
-    const int hl = threadIdx.x;
-    auto dt_at = [&](int j) { return j < w ? dts[hl * L + j] : dtt[hl]; };
-    float* w_row = wdt + hl * L;
-    decay[hl] = replay_decays(dt_at, w, p.A[h0 + hl], w_row);
-    for (int j = 0; j <= w; ++j) w_row[j] *= dt_at(j);
+  if constexpr (kLean) {
+    constexpr int kPer = kN / 8;
+    const int lane8 = lane & 7;
+    for (int first = warp * 4; first <= w; first += kThreads / 8) {  // (every lane of a warp: the same trip count)
+      const int j = first + (lane >> 3);
+      float acc = 0.f;
+      if (j <= w)
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          const int n = lane8 * kPer + e;
+          acc = fmaf(j < w ? to_float(Bring[j * kN + n]) : Bt_s[n], C_s[n], acc);
+        }
+      acc = group_sum<8>(acc);
+      if (j <= w && lane8 == 0) bc[j] = acc;
+    }
+    for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
+      const int hl = idx / (w + 1), j = idx % (w + 1);
+      auto dt_at = [&](int k) { return k < w ? dts[hl * L + k] : dtt[hl]; };
+      const float A = p.A[h0 + hl];
+      float suffix = 0.f;
+      for (int k = w; k > j; --k) suffix += dt_at(k);
+      wdt[hl * L + j] = expf(A * suffix) * dt_at(j);
+      if (j == 0) decay[hl] = expf(A * (suffix + dt_at(0)));
+    }
+  } else {
+    for (int j = warp; j <= w; j += Layout::kWarps) {
+      float acc = 0.f;
+      for (int n = lane; n < kN; n += 32) acc = fmaf(j < w ? to_float(Bring[j * kN + n]) : Bt_s[n], C_s[n], acc);
+      acc = group_sum<32>(acc);
+      if (lane == 0) bc[j] = acc;
+    }
+    if (threadIdx.x < nheads_block) {
+      const int hl = threadIdx.x;
+      auto dt_at = [&](int j) { return j < w ? dts[hl * L + j] : dtt[hl]; };
+      float* w_row = wdt + hl * L;
+      decay[hl] = replay_decays(dt_at, w, p.A[h0 + hl], w_row);
+      for (int j = 0; j <= w; ++j) w_row[j] *= dt_at(j);
+    }
   }
   float Cv[kCols];  // this lane's columns of C_t
 #pragma unroll
