@@ -129,8 +129,8 @@ def mamba2_replay_verify(
     dt_limit: Tuple[float, float] = DT_LIMIT_NONE,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Speculative verification (CPU and CUDA, caches with the numerical split too: its CUDA path written, not yet
-    run on a GPU). For each row, T tentative tokens x (b, T, H, P), dt (b, T, H), B and C (b, T, G, N),
+    """Speculative verification (CPU and CUDA, caches with the numerical split too; tested on an H200 against the
+    CPU). For each row, T tentative tokens x (b, T, H, P), dt (b, T, H), B and C (b, T, G, N),
     z (b, T, H, P) get the outputs the sequential recurrence would give them after the slot's committed tokens,
     computed from the checkpoint and the ring: no intermediate state is formed. ``num_tokens`` (b,) int32 in 1..T
     gives rows fewer tokens (the rest of their x/out is ignored/untouched). The tokens are written into the ring
@@ -192,7 +192,7 @@ def gdn_replay_step(cache: GdnReplayCache, q, k, v, a, b, A_log, *, slot_ids, dt
     """Replay Gated DeltaNet step: the outputs of :func:`gdn_step` on the same history, from the checkpoint and
     the ring (u, k, g); appends the token, or folds when the ring is full. Arguments as :func:`gdn_step`. Caches
     with the numerical split (``output_view``, ``rounding="stochastic"``) on the CPU and CUDA (on CUDA the view
-    must be of an fp32 checkpoint; the CUDA path is not yet run on a GPU)."""
+    must be of an fp32 checkpoint; tested on an H200 against the CPU)."""
     if out is None:
         out = torch.empty_like(v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
