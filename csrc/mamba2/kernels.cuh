@@ -168,8 +168,8 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
       using act_t = typename CudaType<kAct>::type;
       // kUnroll rows in flight per thread: 4, or 2 once every SM has 64 heads or more (measured on the benchmark
       // shape in four tune runs, 2026-11-29, one of them bench/results/mamba2_decode_tune_cdcd8b1.json: 2 is
-      // 0.7-1% faster at batch 128 and 256, 4 is 5% faster at 32; as the default at d8f3208: 90.0% / 91.5% of copy
-      // bandwidth at 128 / 256, bench/results/mamba2_decode.json); others when REPLAYSSM_TUNE asks.
+      // 0.7-1% faster at batch 128 and 256, 4 is 5% faster at 32; as the default, in two runs of session 4: 91.0 /
+      // 90.0% of copy bandwidth at 128, 92.2 / 91.5% at 256, bench/results/mamba2_decode.json is the second); others when REPLAYSSM_TUNE asks.
       const int forced = tune_knob("step_unroll");
       const bool many_heads = int64_t(p.batch) * p.nheads >= int64_t(64) * num_sms();
       switch (forced > 0 ? forced : (many_heads ? 2 : 4)) {
