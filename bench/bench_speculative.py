@@ -18,6 +18,7 @@ over one replay step at the same batch, measured in the same run).
     python bench/bench_speculative.py [--batches 32 128 256] [--T 2 4 8] [--rates 0.25 0.5 0.75 1.0]
                                       [--ring-len 32] [--out bench/results/mamba2_speculative.json]
     python bench/bench_speculative.py --smoke    # tiny shapes, eager, CPU or GPU: checks the code paths only
+    python bench/bench_speculative.py --view     # verify streams a bf16 view of the fp32 checkpoint (issue 5)
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def window(batch, T, shape, gen, device):
                 z=rnd(batch, T, H, P), out=torch.empty(batch, T, H, P, dtype=ACT, device=device))
 
 
+VIEW = None  # --view: torch.bfloat16, the caches' output view (Mamba-2)
+
+
 class Layer:
     def __init__(self, batch, T, L, shape, gen, device):
         H, P, N, G = shape
@@ -62,8 +66,11 @@ class Layer:
         self.kw = dict(D=torch.randn(H, generator=gen, device=device),
                        dt_bias=torch.rand(H, generator=gen, device=device) - 4.0, dt_softplus=True)
         self.slots = torch.arange(batch, dtype=torch.int32, device=device)
-        self.cache = Mamba2ReplayCache.allocate(batch, H, P, G, N, ring_len=L, act_dtype=ACT, device=device)
+        self.cache = Mamba2ReplayCache.allocate(batch, H, P, G, N, ring_len=L, act_dtype=ACT, device=device,
+                                                output_view=VIEW)
         self.cache.checkpoint.copy_(torch.randn(self.cache.checkpoint.shape, generator=gen, device=device) * 0.1)
+        if self.cache.view is not None:
+            self.cache.view.copy_(self.cache.checkpoint)
         # Baseline: row r owns slots r * (T + 1) + (0..T); `head` is the ring index of its current state.
         self.pool = torch.randn(batch * (T + 1), H, P, N, generator=gen, device=device) * 0.1
         self.row_base = torch.arange(batch, device=device, dtype=torch.int32) * (T + 1)
@@ -86,24 +93,27 @@ def baseline_step(layer, tok, acc, T):
     layer.head.copy_((layer.head + acc) % (T + 1))  # the row's state is now its last accepted token's
 
 
-def window_bytes(batch, T, L, accs, state, ring_token, io_token, passes=4) -> dict:
+def window_bytes(batch, T, L, accs, state, ring_token, io_token, passes=4, view_state=None) -> dict:
     """Average bytes per step (any layer kind, from its per-row state, ring-token and input/output bytes):
     verify+commit, following the cursors through `passes` replays of the step sequence from empty rings and
-    averaging the last (the steady state the timing sees), and the per-position baseline."""
+    averaging the last (the steady state the timing sees), and the per-position baseline. With a view
+    (view_state: its bytes per row) verify reads the view, and an early fold also reads and writes the master
+    and writes the view."""
+    read, fold_extra = (state, state) if view_state is None else (view_state, 2 * state + view_state)
     cur = torch.zeros(batch, dtype=torch.int64)
     for _ in range(passes):
         verify = 0.0
         for acc in accs:
             fold = cur + T > L
-            verify += batch * (state + T * io_token + T * ring_token) + float(cur.sum()) * ring_token
-            verify += float(fold.sum()) * state
+            verify += batch * (read + T * io_token + T * ring_token) + float(cur.sum()) * ring_token
+            verify += float(fold.sum()) * fold_extra
             cur = torch.where(fold, torch.zeros_like(cur), cur) + acc.cpu().long()
     return {"verify": verify / len(accs), "baseline": batch * T * (2 * state + io_token)}
 
 
 def analytic_bytes(batch, T, L, accs, shape, act_bytes=2, state_bytes=4):
     H, P, N, G = shape
-    return window_bytes(batch, T, L, accs, state=H * P * N * state_bytes,
+    return window_bytes(batch, T, L, accs, state=H * P * N * state_bytes, view_state=H * P * N * 2 if VIEW is not None else None,
                         ring_token=H * P * act_bytes + G * N * act_bytes + H * 4,  # x, B (activation dtype), dt
                         io_token=3 * H * P * act_bytes + H * act_bytes + 2 * G * N * act_bytes)  # x, z, out; dt; B, C
 
@@ -173,8 +183,16 @@ def main(kind=MAMBA2):
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--tune", action="store_true", help="also time the alternative verify kernels")
+    parser.add_argument("--view", action="store_true", help="caches with a bf16 output view (Mamba-2; the numerical split)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", kind.out))
     args = parser.parse_args()
+    if args.view:
+        if kind.name != "mamba2":
+            raise SystemExit(f"--view: {kind.name} verify has no CUDA view path yet")
+        global VIEW
+        VIEW = torch.bfloat16
+        if args.out == os.path.join(os.path.dirname(__file__), "results", kind.out):
+            args.out = args.out.replace(".json", "_view.json")
     if args.smoke:
         gen = torch.Generator().manual_seed(0)
         for T in (2, 4):
@@ -196,7 +214,8 @@ def main(kind=MAMBA2):
                 print(r, flush=True)
     names = ("H", "P", "N", "G") if kind.name == "mamba2" else ("HV", "H", "K", "V")
     common.write_result(args.out, {"bandwidth": bw, "layer": kind.name, "shape": dict(zip(names, kind.shape)),
-                                   "state_dtype": "float32", "act_dtype": "bfloat16", "rows": rows})
+                                   "state_dtype": "float32", "act_dtype": "bfloat16",
+                                   "output_view": "bfloat16" if VIEW is not None else None, "rows": rows})
     print(f"\n{'batch':>5} {'T':>2} {'rate':>5} {'baseline':>9} {'verify':>8} {'floor':>7} {'speedup':>8} {'/replay':>8}")
     for r in rows:
         print(f"{r['batch']:>5} {r['T']:>2} {r['rate']:>5.2f} {r['baseline_us']:>9.1f} {r['verify_us']:>8.1f} "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One job on the H200 machine: build for sm_90a, run the tests (CUDA ones included), the demo, the benchmark
 # and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
-# with steps from: build test sanitize racecheck demo bench tune ncu profile stalls spec spectune gdn gdntune gdnspec (default: build test demo bench ncu).
+# with steps from: build test sanitize racecheck demo bench tune ncu profile stalls spec spectune specview gdn gdntune gdnspec
+# (default: build test demo bench ncu). specview: verify on caches with the bf16 output view (issue 5).
 # tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch;
 # stalls: where that launch's warps were sampled, per SASS instruction (bench/ncu_top_stalls.py), and its ncu
 # sections; PROFILE_KERNEL (regex), PROFILE_CMD (the program launching it), PROFILE_SKIP, PROFILE_TAG choose another;
@@ -52,6 +53,7 @@ for step in $STEPS; do
         python3 bench/ncu_top_stalls.py /tmp/stalls${PROFILE_TAG:-}.csv" ;;  # (the CSV stays on the machine: a run returns 8 files at most)
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;
     spectune) run spec python3 bench/bench_speculative.py --tune --out "$OUT/mamba2_speculative.json" ;;
+    specview) run specview python3 bench/bench_speculative.py --view --tune --batches 128 256 --out "$OUT/mamba2_speculative_view.json" ;;
     gdn) run gdn python3 bench/bench_gdn.py --out "$OUT/gdn_decode.json" ;;
     gdnspec) run gdnspec python3 bench/bench_gdn_speculative.py --tune --out "$OUT/gdn_speculative.json" ;;
     gdntune) run gdn python3 bench/bench_gdn.py --tune --out "$OUT/gdn_decode.json" ;;
