@@ -1,5 +1,6 @@
 """Gated DeltaNet: standard step, replay step, verify/commit and state reads against the float64 delta rule
 (../shared/docs/MATH.md, "Gated DeltaNet decode"), on the CPU and, where there is a GPU, with the CUDA kernels."""
+import dataclasses
 import math
 
 import pytest
@@ -190,14 +191,18 @@ def test_cuda_launch_configurations_match_the_delta_rule(monkeypatch, tune):
     assert torch.equal(cache.checkpoint[slots[3]].cpu(), init[slots[3]])
 
 
-# CUDA verify launch configurations (REPLAYSSM_TUNE): gdn_verify_variant=1/2 is the streaming kernel, whose
-# gdn_verify_rows counts rows of a key head's value heads (the default kernel's, rows of one value head).
+# CUDA verify launch configurations (REPLAYSSM_TUNE): gdn_verify_variant=1/2 is the streaming kernel and 3/4 the
+# row-pass kernel, whose gdn_verify_rows count rows of a key head's value heads (the default kernel's, rows of one
+# value head).
 VERIFY_TUNES = {
     "default": "",
     "rows-over-blocks": "gdn_verify_rows=3",
     "stream": "gdn_verify_variant=1",
     "stream-rows-over-blocks": "gdn_verify_variant=1,gdn_verify_rows=3",  # blocks straddle value heads
     "stream-rows-12": "gdn_verify_variant=1,gdn_verify_rows=12",
+    "rowpass": "gdn_verify_variant=3",  # K = 16: one lane per row, the reduce-scatter in rounds of one sum
+    "rowpass-rows-over-blocks": "gdn_verify_variant=3,gdn_verify_rows=3",
+    "rowpass-rows-12": "gdn_verify_variant=3,gdn_verify_rows=12",
 }
 
 
@@ -264,6 +269,12 @@ VERIFY_TUNES_K128 = {
     "stream-whole-key-head": "gdn_verify_variant=1,gdn_verify_rows=256",  # one block per (row, key head)
     "stream-4-stages": "gdn_verify_variant=2",
     "stream-4-stages-rows-64": "gdn_verify_variant=2,gdn_verify_rows=64",
+    "rowpass": "gdn_verify_variant=3",  # default split: 16 rows per block at this batch
+    "rowpass-rows-96": "gdn_verify_variant=3,gdn_verify_rows=96",
+    "rowpass-rows-30": "gdn_verify_variant=3,gdn_verify_rows=30",  # partial row iterations, scalar ring-u tile
+    "rowpass-whole-key-head": "gdn_verify_variant=3,gdn_verify_rows=256",  # two row passes per thread
+    "rowpass-4-blocks": "gdn_verify_variant=4",
+    "rowpass-4-blocks-rows-256": "gdn_verify_variant=4,gdn_verify_rows=256",
 }
 
 
@@ -330,6 +341,49 @@ def test_cuda_verify_launch_configurations_match_the_delta_rule(monkeypatch, tun
     assert cache.cursor[pad_slot].item() == 0
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tune", ["", "gdn_verify_variant=1", "gdn_verify_variant=3"], ids=["default", "stream", "rowpass"])
+def test_cuda_verify_on_a_strided_checkpoint_equals_the_contiguous_one(monkeypatch, tune):
+    """A checkpoint whose value heads are not V rows apart (a slice of a pool with spare rows per head: the row-pass
+    kernel then addresses a row by (value head, row) instead of one multiply) gives, bit for bit, the outputs, ring,
+    cursors, pending counts and checkpoint of the same verifies and commits on a contiguous copy, early folds
+    included; the spare rows are never touched."""
+    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
+    gen = make_gen()
+    HV, H, K, V, history, T = 4, 2, 128, 128, 5, 6
+    L = history + T
+    layer = GdnLayer(HV, H, K, V, "cuda", gen)
+    batch = 3
+    ids = torch.arange(batch, dtype=torch.int32, device="cuda")
+    dense = GdnReplayCache.allocate(batch, HV, H, K, V, ring_len=L, device="cuda")
+    dense.checkpoint.copy_(torch.randn(batch, HV, V, K, generator=gen) * 0.1)
+    pool = torch.full((batch, HV, V + 8, K), float("nan"), device="cuda")
+    pool[:, :, :V] = dense.checkpoint
+    strided = dataclasses.replace(dense, checkpoint=pool[:, :, :V], **{f: getattr(dense, f).clone() for f in
+                                                                         ("ring_u", "ring_k", "ring_g", "cursor", "arrivals", "pending")})
+    same = lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    folds = 0
+    for step in range(12):
+        n_tok = torch.randint(1, T + 1, (batch,), generator=gen, dtype=torch.int32).cuda()
+        tok = layer.token(batch, torch.bfloat16, gen, T=T)
+        outs = []
+        for cache in (dense, strided):
+            out = torch.full_like(tok["v"], float("nan"))
+            replayssm.gdn_replay_verify(cache, **tok, A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids,
+                                        num_tokens=n_tok, out=out)
+            outs.append(out)
+        folds += int((dense.cursor == 0).sum()) if step else 0  # (after step 0 a cursor is 0 only after an early fold)
+        same(outs[0], outs[1])
+        for f in ("checkpoint", "ring_u", "ring_k", "ring_g", "cursor", "pending", "arrivals"):
+            same(getattr(dense, f), getattr(strided, f))
+        accepted = torch.stack([torch.randint(1, int(n) + 1, (), generator=gen) for n in n_tok.cpu()]).to("cuda", torch.int32)
+        for cache in (dense, strided):
+            replayssm.mamba2_replay_commit(cache, ids, accepted)
+    assert folds > 0
+    assert torch.isnan(pool[:, :, V:]).all()
+
+
 def test_opcheck_and_bad_inputs():
     gen = make_gen()
     HV, H, K, V = 4, 2, 8, 8
@@ -378,7 +432,8 @@ def load_fla():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("tune", ["", "gdn_verify_variant=1"], ids=["default", "stream-verify"])
+@pytest.mark.parametrize("tune", ["", "gdn_verify_variant=1", "gdn_verify_variant=3"],
+                         ids=["default", "stream-verify", "rowpass-verify"])
 def test_cuda_kernels_match_fla(monkeypatch, tune):
     """gdn_step over T tokens, and gdn_replay_verify over the same T tokens at once, against fla's fused recurrent
     and chunked kernels on the same bf16 inputs (g and beta formed outside, as the model does): the same outputs

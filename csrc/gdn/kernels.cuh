@@ -16,11 +16,16 @@
 //   master and write master and view), stochastic rounding of a 16-bit checkpoint at folds.
 // * gdn_replay_verify_kernel (the default): first version (plain loads, no pipeline), its rows split over blocks
 //   when batch * HV is small. Tested on an H200.
-// * gdn_replay_verify_stream_kernel (gdn_verify_variant=1 or 2; not yet run on a GPU): the replay step's streaming
-//   structure for the T-token window: grid (row chunks of a key head's value heads, H, batch), checkpoint rows
-//   through the cp.async staging ring, window q/k/v/g and the committed ring staged in shared memory, the block's
-//   dots and decay weights formed once, a row's tokens in chunks of four whose row sums run side by side, then the
-//   forward substitution in registers; arrival counter as the default kernel.
+// * gdn_replay_verify_stream_kernel (gdn_verify_variant=1 or 2; tested on an H200: 594 against the default's 779 us
+//   at batch 256, T = 4, bench/results/gdn_speculative.json): the replay step's streaming structure for the T-token
+//   window: grid (row chunks of a key head's value heads, H, batch), checkpoint rows through the cp.async staging
+//   ring, window q/k/v/g and the committed ring staged in shared memory, the block's dots and decay weights formed
+//   once, a row's tokens in chunks of four whose row sums run side by side, then the forward substitution in
+//   registers; arrival counter as the default kernel.
+// * gdn_replay_verify_rowpass_kernel (gdn_verify_variant=3 or 4; not yet run on a GPU): the streaming kernel's grid
+//   with the row loop cut to the 2 T dots per row (reduce-scattered into a shared table), everything else a row
+//   needs in a pass a thread per row after the loop, the block scalars parallel, and a key head's 256 rows in one
+//   block (the committed ring k is not staged).
 // * gdn_replay_state_kernel: a block per (value head, row), not a hot path.
 //
 // Launch-configuration knobs (REPLAYSSM_TUNE="key=value,...", common/cuda_utils.cuh; read at every launch; the
@@ -36,9 +41,11 @@
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
 //   gdn_verify_variant 0 (default): gdn_replay_verify_kernel; 1: the streaming kernel (any shape: 3 stages, 16 columns
-//                      per lane, 3 blocks/SM); 2: the streaming kernel with 4 stages (fp32/bf16/K=128 only, else as 1)
+//                      per lane, 3 blocks/SM); 2: the streaming kernel with 4 stages (fp32/bf16/K=128 only, else as 1);
+//                      3: the row-pass kernel (any shape: 3 stages, 16 columns per lane, 3 blocks/SM); 4: the row-pass
+//                      kernel at 4 blocks/SM (128 registers; fp32/bf16/K=128 only, else as 3)
 //   gdn_verify_rows    rows per gdn_replay_verify block (forced; any value >= 1): rows of a value head for the default
-//                      kernel, rows of a key head's value heads (HV/H * V) for the streaming kernel
+//                      kernel, rows of a key head's value heads (HV/H * V) for the streaming and row-pass kernels
 #pragma once
 
 #include <algorithm>
@@ -730,6 +737,70 @@ __global__ void __launch_bounds__(kThreads) gdn_replay_verify_kernel(const GdnRe
   }
 }
 
+// The streaming verify kernels' window prologue (it needs no cursor): v of the block's rows for every window
+// token into the tile vt ([t][row], cp.async when vec_v; the caller commits), q and k of every window token
+// normalised into qn and kn ([t][n]; a warp per vector, warp_sum_squares' bits), and g, alpha = exp(g), beta per
+// (value head of the block, token) into gt, al, bt ([head * head_stride + t]). All Tmax tokens: nothing waits for
+// num_tokens.
+template <typename act_t, int kK, int kThreads>
+__device__ __forceinline__ void gdn_verify_stage_window(const GdnReplayParams& p, int b, int h, int hv0, int nheads_block, int row_begin,
+                                                        int nrows, act_t* vt, int vts, bool vec_v, float* qn, float* kn, float* gt,
+                                                        float* al, float* bt, int head_stride) {
+  const int ratio = p.nheads / p.nkheads, Tmax = p.ntokens, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const act_t* v_win = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + int64_t(h) * ratio * p.v_head_stride;
+  copy_head_rows<act_t, kThreads>(vt, vts, v_win, p.v_token_stride, p.v_head_stride, p.vdim, row_begin, nrows, Tmax, vec_v);
+  for (int idx = warp; idx < 2 * Tmax; idx += kThreads / 32) {  // a warp per vector: token idx / 2, q (even) or k (odd)
+    const int t = idx >> 1;
+    if (idx & 1) {
+      const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + h * p.k_head_stride;
+      const float ks = p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(k) + kL2NormEps) : 1.f;
+      for (int n = lane; n < kK; n += 32) kn[t * kK + n] = to_float(k[n]) * ks;
+    } else {
+      const act_t* q = static_cast<const act_t*>(p.q) + b * p.q_batch_stride + t * p.q_token_stride + h * p.q_head_stride;
+      const float qs = (p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(q) + kL2NormEps) : 1.f) * p.scale;
+      for (int n = lane; n < kK; n += 32) qn[t * kK + n] = to_float(q[n]) * qs;
+    }
+  }
+  for (int idx = threadIdx.x; idx < nheads_block * Tmax; idx += kThreads) {  // g_t as gdn_prepare_token forms it
+    const int hl = idx / Tmax, t = idx % Tmax, hv = hv0 + hl, e = hl * head_stride + t;
+    const float g = gdn_log_decay(
+        to_float(static_cast<const act_t*>(p.a)[b * p.a_batch_stride + t * p.a_token_stride + hv * p.a_head_stride]),
+        p.dt_bias ? p.dt_bias[hv] : 0.f, p.A_log[hv]);
+    gt[e] = g;
+    al[e] = expf(g);
+    bt[e] = sigmoid(to_float(static_cast<const act_t*>(p.b)[b * p.b_batch_stride + t * p.b_token_stride + hv * p.b_head_stride]));
+  }
+}
+
+// What the slot's last block to arrive on the arrival counter writes (every block of the slot has read the
+// committed ring by then, and nobody reads the new entries in this launch): the window's normalised k of every
+// key head and g of every value head into the ring at positions base.., the counter back to zero, the cursor
+// after an early fold, the pending count. All threads of the block call it.
+template <typename act_t, int kK, int kThreads>
+__device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& p, int64_t slot, int b, int base, int T, bool early) {
+  const GdnReplayCacheParams& c = p.cache;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int idx = threadIdx.x; idx < T * p.nheads; idx += kThreads) {  // g_t as gdn_prepare_token forms it
+    const int t = idx / p.nheads, hw = idx % p.nheads;
+    const float g = gdn_log_decay(
+        to_float(static_cast<const act_t*>(p.a)[b * p.a_batch_stride + t * p.a_token_stride + hw * p.a_head_stride]),
+        p.dt_bias ? p.dt_bias[hw] : 0.f, p.A_log[hw]);
+    c.ring_g[slot * c.ring_g_slot_stride + (base + t) * c.ring_g_pos_stride + hw] = g;
+  }
+  for (int idx = warp; idx < T * p.nkheads; idx += kThreads / 32) {
+    const int t = idx / p.nkheads, hk = idx % p.nkheads;
+    const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + hk * p.k_head_stride;
+    const float ks = p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(k) + kL2NormEps) : 1.f;
+    float* dst = c.ring_k + slot * c.ring_k_slot_stride + (base + t) * c.ring_k_pos_stride + hk * c.ring_k_head_stride;
+    for (int n = lane; n < kK; n += 32) dst[n] = to_float(k[n]) * ks;
+  }
+  if (threadIdx.x == 0) {
+    atomicSub(&c.arrivals[slot], int(gridDim.x * gridDim.y));  // zero again for the next launch
+    if (early) c.cursor[slot] = 0;
+    if (c.pending) c.pending[slot] = T;
+  }
+}
+
 // Streaming verify (REPLAYSSM_TUNE gdn_verify_variant=1 or 2; the default is still gdn_replay_verify_kernel above):
 // the same semantics (replay_cpu(verify=true)), on the replay step's structure. Grid (row chunks of a key head's
 // value heads, H, batch): a block's rows are rows of the value heads of one key head (row R = value head R / V of
@@ -865,29 +936,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   for (int it = 0; it < kStages - 1; ++it) issue(it);
 
   // ---- Prologue, part 1 (no cursor needed): the window's v tile, normalised q and k, g / alpha / beta.
-  const act_t* v_win = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + int64_t(h) * ratio * p.v_head_stride;
-  copy_head_rows<act_t, kThreads>(vt, vts, v_win, p.v_token_stride, p.v_head_stride, V, row_begin, nrows, Tmax, vec_v);
-  for (int idx = warp; idx < 2 * Tmax; idx += kWarps) {  // a warp per vector: token idx / 2, q (even) or k (odd)
-    const int t = idx >> 1;
-    if (idx & 1) {
-      const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + h * p.k_head_stride;
-      const float ks = p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(k) + kL2NormEps) : 1.f;
-      for (int n = lane; n < kK; n += 32) kn[t * kK + n] = to_float(k[n]) * ks;
-    } else {
-      const act_t* q = static_cast<const act_t*>(p.q) + b * p.q_batch_stride + t * p.q_token_stride + h * p.q_head_stride;
-      const float qs = (p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(q) + kL2NormEps) : 1.f) * p.scale;
-      for (int n = lane; n < kK; n += 32) qn[t * kK + n] = to_float(q[n]) * qs;
-    }
-  }
-  for (int idx = threadIdx.x; idx < nheads_block * Tmax; idx += kThreads) {  // g_t as gdn_prepare_token forms it
-    const int hl = idx / Tmax, t = idx % Tmax, hv = hv0 + hl;
-    const float g = gdn_log_decay(
-        to_float(static_cast<const act_t*>(p.a)[b * p.a_batch_stride + t * p.a_token_stride + hv * p.a_head_stride]),
-        p.dt_bias ? p.dt_bias[hv] : 0.f, p.A_log[hv]);
-    gt[idx] = g;
-    al[idx] = expf(g);
-    bt[idx] = sigmoid(to_float(static_cast<const act_t*>(p.b)[b * p.b_batch_stride + t * p.b_token_stride + hv * p.b_head_stride]));
-  }
+  gdn_verify_stage_window<act_t, kK, kThreads>(p, b, h, hv0, nheads_block, row_begin, nrows, vt, vts, vec_v, qn, kn, gt, al, bt, Tmax);
 
   // ---- Prologue, part 2: the committed ring (positions < cursor).
   RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "gdn_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
@@ -1036,27 +1085,370 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   cp_async_wait<0>();  // (only empty groups remain)
   __syncthreads();
-  if (*last_flag) {  // every block of the slot has read the committed ring: the window's k and g of every head
-    for (int idx = threadIdx.x; idx < T * p.nheads; idx += kThreads) {  // g_t as gdn_prepare_token forms it
-      const int t = idx / p.nheads, hw = idx % p.nheads;
-      const float g = gdn_log_decay(
-          to_float(static_cast<const act_t*>(p.a)[b * p.a_batch_stride + t * p.a_token_stride + hw * p.a_head_stride]),
-          p.dt_bias ? p.dt_bias[hw] : 0.f, p.A_log[hw]);
-      c.ring_g[slot * c.ring_g_slot_stride + (base + t) * c.ring_g_pos_stride + hw] = g;
+  if (*last_flag) gdn_verify_append_window<act_t, kK, kThreads>(p, slot, b, base, T, early);
+}
+
+// Verify variant 3 (REPLAYSSM_TUNE gdn_verify_variant=3, or 4 with 4 blocks per SM; not yet run on a GPU): the
+// streaming kernel's grid, staging and semantics, with the instructions ncu found in it (bench/NOTES.md,
+// 2026-11-29: 622 warp instructions per 4 rows x 4 tokens in the row loop, ~1870 per warp in the prologue, two blocks
+// per key head repeating it) cut to what each part needs:
+// * The row loop only dots the streamed row with the window's k_t and q_t: 2 T sums per row, tokens in chunks of
+//   4 (then 2, 1: no work for tokens past T), each chunk's 2 kC sums reduce-scattered over the row's lanes in one
+//   pass (reduce_scatter, common/cuda_utils.cuh) and stored by the lane that ends with each, into the table `sums`
+//   ([2 t + (k: 0, q: 1)][row]).
+// * Everything a row needs besides those dots runs after the loop, a thread per row: exp(G) times the dots, the
+//   committed ring terms sum_j u_j[row] (w_j k_j . k_t) (one LDS and two 16-byte LDS per position for four
+//   tokens), the forward substitution, and coalesced stores of the outputs and the row's corrections (the
+//   streaming kernel had all kLanes lanes of a row repeat the substitution, and one lane per row store).
+// * Block scalars: k_j . k_t and k_j . q_t with 8 lanes per pair (a warp did one pair), the decay weights a thread
+//   per (value head, j, t) in replay_decays' order (the CPU's values; a thread per (value head, t) ran the serial
+//   chain), folded with the dots into WK, WQ ([head][j][t], t padded to 4: one 16-byte load per four tokens).
+// * Shared memory: the committed ring k is read from global memory where needed (dots; an early fold's row
+//   update), not staged, so that a key head's 256 rows fit one block at three blocks per SM (T = 4, ring 32):
+//   every (slot, key head) forms its scalars once.
+// * Protocol as the streaming kernel's, but a block that folds early counts in on the arrival counter only after
+//   its row loop (it reads the committed ring k from global memory there, and the slot's last block overwrites
+//   positions 0..T-1 of it); a block that does not fold reads only positions < cursor, which nobody writes.
+//   flat: the checkpoint's rows are contiguous over value heads (head stride V rows), so a row's address is one
+//   multiply.
+struct GdnVerifyPassSmem {  // byte offsets, each section 16-byte aligned
+  int ts;   // floats per [row] table row: rows rounded up to 32, plus the rows of a warp (conflict-free sums stores)
+  int vts;  // elements per v tile row: rows rounded up to 8
+  int tp;   // tokens rounded up to 4 (the [t] dimension of WK, WQ, the dots and the per-token tables)
+  int staging, ru, sums, qn, kn, vt, gs, gt, bt, al, dec, WK, WQ, KK, KQ, kqt, wf, decf, flag, total;
+  __host__ __device__ GdnVerifyPassSmem(int staging_bytes, int act_bytes, int rows, int rows_per_warp, int K, int L, int T,
+                                        int max_heads) {
+    auto up = [](int v) { return (v + 15) / 16 * 16; };
+    ts = (rows + 31) / 32 * 32 + (rows_per_warp >= 4 ? rows_per_warp % 32 : 4);
+    vts = (rows + 7) / 8 * 8;
+    tp = (T + 3) / 4 * 4;
+    int o = 0;
+    staging = o, o += up(staging_bytes);      // [stage][vec][thread] checkpoint vectors
+    ru = o, o += up(L * ts * 4);              // [j][row] committed ring u_j of the block's rows
+    sums = o, o += up(2 * tp * ts * 4);       // [2 t + (0: k, 1: q)][row] S_c,row . k_t and S_c,row . q_t
+    qn = o, o += up(T * K * 4);               // [t][n] window q_t, normalised and scaled
+    kn = o, o += up(T * K * 4);               // [t][n] window k_t, normalised
+    vt = o, o += up(T * vts * act_bytes);     // [t][row] window v_t (raw)
+    gs = o, o += up(max_heads * L * 4);       // [head][j] committed ring g_j
+    gt = o, o += up(max_heads * tp * 4);      // [head][t] g_t
+    bt = o, o += up(max_heads * tp * 4);      // [head][t] beta_t
+    al = o, o += up(max_heads * tp * 4);      // [head][t] alpha_t = exp(g_t)
+    dec = o, o += up(max_heads * tp * 4);     // [head][t] exp(g_0 + ... + g_{p_t - 1}) (p_t = base + t)
+    WK = o, o += up(max_heads * L * tp * 4);  // [head][j][t] exp(g_{j+1} + ... + g_{p_t - 1}) (k_j . k_t), j < p_t; else 0
+    WQ = o, o += up(max_heads * L * tp * 4);  // [head][j][t] the same with (k_j . q_t)
+    KK = o, o += up(L * tp * 4);              // [j][t] k_j . k_t
+    KQ = o, o += up(L * tp * 4);              // [j][t] k_j . q_t
+    kqt = o, o += up(tp * 4);                 // [t] k_t . q_t
+    wf = o, o += up(max_heads * L * 4);       // [head][j] early fold: exp(g_{j+1} + ... + g_{w-1})
+    decf = o, o += up(max_heads * 4);         // [head] early fold: exp(G_w)
+    flag = o, o += 16;                        // [0] this block arrived last
+    total = o;
+  }
+};
+
+// The row loop of gdn_replay_verify_rowpass_kernel, kC window tokens from t0: this lane's columns s of a state row
+// against k_t and q_t (kn, qn: [t][n] in shared memory), the 2 kC sums reduce-scattered over the row's lanes kTok at
+// a time (all at once when the row has 2 kC lanes or more; each sum ends on kSpan lanes, the first of which stores
+// it) into sums_row[(2 t + (0: k, 1: q)) * ts] (null: an invalid row, nothing stored).
+template <typename Layout, int kC>
+__device__ __forceinline__ void gdn_verify_dots_chunk(const float (&s)[Layout::kColsPerLane], const float* kn, const float* qn, int t0,
+                                                      int lane_in_row, float* sums_row, int ts) {
+  constexpr int kLanes = Layout::kLanesPerRow, kVec = Layout::kVec, kN = Layout::kVecsPerRow * kVec;
+  constexpr int kTok = kLanes < 2 * kC ? kLanes : 2 * kC, kSpan = kLanes / kTok;
+  float acc[2 * kC];  // [cc]: . k_{t0 + cc}; [kC + cc]: . q_{t0 + cc}
+#pragma unroll
+  for (int i = 0; i < 2 * kC; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int v = 0; v < Layout::kVecsPerLane; ++v)
+#pragma unroll
+    for (int e = 0; e < kVec; e += 4) {
+      const float* sv = s + v * kVec + e;
+      const int col = Layout::col(lane_in_row, v, e);
+#pragma unroll
+      for (int cc = 0; cc < kC; ++cc) {
+        const float4 k4 = *reinterpret_cast<const float4*>(kn + (t0 + cc) * kN + col);
+        const float4 q4 = *reinterpret_cast<const float4*>(qn + (t0 + cc) * kN + col);
+        acc[cc] = fmaf(sv[0], k4.x, acc[cc]), acc[kC + cc] = fmaf(sv[0], q4.x, acc[kC + cc]);
+        acc[cc] = fmaf(sv[1], k4.y, acc[cc]), acc[kC + cc] = fmaf(sv[1], q4.y, acc[kC + cc]);
+        acc[cc] = fmaf(sv[2], k4.z, acc[cc]), acc[kC + cc] = fmaf(sv[2], q4.z, acc[kC + cc]);
+        acc[cc] = fmaf(sv[3], k4.w, acc[cc]), acc[kC + cc] = fmaf(sv[3], q4.w, acc[kC + cc]);
+      }
     }
-    for (int idx = warp; idx < T * p.nkheads; idx += kWarps) {
-      const int t = idx / p.nkheads, hk = idx % p.nkheads;
-      const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + hk * p.k_head_stride;
-      const float ks = p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(k) + kL2NormEps) : 1.f;
-      float* dst = c.ring_k + slot * c.ring_k_slot_stride + (base + t) * c.ring_k_pos_stride + hk * c.ring_k_head_stride;
-      for (int n = lane; n < kK; n += 32) dst[n] = to_float(k[n]) * ks;
+#pragma unroll
+  for (int r = 0; r < 2 * kC / kTok; ++r) {
+    float part[kTok];
+#pragma unroll
+    for (int i = 0; i < kTok; ++i) part[i] = acc[r * kTok + i];
+    const float sum = reduce_scatter<kLanes, kTok>(part, lane_in_row);
+    const int i = r * kTok + lane_in_row / kSpan;
+    if (sums_row != nullptr && lane_in_row % kSpan == 0) sums_row[(2 * (t0 + i % kC) + i / kC) * ts] = sum;
+  }
+}
+
+template <typename ckpt_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    gdn_replay_verify_rowpass_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
+                                     const bool vec_k, const bool vec_v, const bool flat) {
+  using Layout = RowLayout<ckpt_t, kK, kThreads, 1, kLanesPerRow>;
+  constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
+  static_assert(kVec % 4 == 0, "a lane's columns come in groups of four (16-byte loads of k and q)");
+  constexpr int kPer = kK / 8;  // the dots: elements of a pair per lane (8 lanes per pair)
+  const GdnReplayCacheParams& c = p.cache;
+  const int b = blockIdx.z, h = blockIdx.y;  // h: the key head
+  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+  if (slot == kPadSlot) return;
+  RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_verify: slot_ids[%d] = %lld is out of range", b, (long long)slot);
+  const int w0 = c.cursor[slot];  // in flight while the first loads are issued
+  const int T = p.num_tokens ? p.num_tokens[b] : p.ntokens;
+
+  const int ratio = p.nheads / p.nkheads, V = p.vdim, L = c.ring_len, Tmax = p.ntokens;
+  const int row_begin = blockIdx.x * rows_per_block;
+  const int nrows = min(ratio * V, row_begin + rows_per_block) - row_begin;
+  const int head_begin = row_begin / V;  // first value head of the block, within the key head's
+  const int nheads_block = (row_begin + nrows - 1) / V - head_begin + 1;
+  const int hv0 = h * ratio + head_begin;  // its global index
+  const int n_iter = (nrows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane_in_row = lane % kLanes;
+  const int rl0 = warp * Layout::kRowsPerWarp + lane / kLanes;  // this thread's row of the block in iteration 0
+  ckpt_t* ckpt = static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(hv0) * c.ckpt_head_stride;
+  auto ckpt_row = [&](int rl) {  // block row rl: value head (row_begin + rl) / V of the key head, state row (row_begin + rl) % V
+    if (flat) return ckpt + int64_t(row_begin - head_begin * V + rl) * c.ckpt_row_stride;
+    const int r = row_begin + rl;
+    return ckpt + int64_t(r / V - head_begin) * c.ckpt_head_stride + int64_t(r % V) * c.ckpt_row_stride;
+  };
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const GdnVerifyPassSmem off(kStages * kVecs * kThreads * 16, sizeof(act_t), rows_per_block, Layout::kRowsPerWarp, kK, L, Tmax,
+                              max_heads);
+  uint4* staging = reinterpret_cast<uint4*>(smem_raw + off.staging);
+  float* ru = reinterpret_cast<float*>(smem_raw + off.ru);
+  float* sums = reinterpret_cast<float*>(smem_raw + off.sums);
+  float* qn = reinterpret_cast<float*>(smem_raw + off.qn);
+  float* kn = reinterpret_cast<float*>(smem_raw + off.kn);
+  act_t* vt = reinterpret_cast<act_t*>(smem_raw + off.vt);
+  float* gs = reinterpret_cast<float*>(smem_raw + off.gs);
+  float* gt = reinterpret_cast<float*>(smem_raw + off.gt);
+  float* bt = reinterpret_cast<float*>(smem_raw + off.bt);
+  float* al = reinterpret_cast<float*>(smem_raw + off.al);
+  float* dec = reinterpret_cast<float*>(smem_raw + off.dec);
+  float* WK = reinterpret_cast<float*>(smem_raw + off.WK);
+  float* WQ = reinterpret_cast<float*>(smem_raw + off.WQ);
+  float* KK = reinterpret_cast<float*>(smem_raw + off.KK);
+  float* KQ = reinterpret_cast<float*>(smem_raw + off.KQ);
+  float* kqt = reinterpret_cast<float*>(smem_raw + off.kqt);
+  float* wf = reinterpret_cast<float*>(smem_raw + off.wf);
+  float* decf = reinterpret_cast<float*>(smem_raw + off.decf);
+  int* last_flag = reinterpret_cast<int*>(smem_raw + off.flag);
+  const int ts = off.ts, vts = off.vts, tp = off.tp;
+
+  auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
+    const int rl = rl0 + it * Layout::kRowsPerIter;
+    if (it < n_iter && rl < nrows) {
+      const ckpt_t* src = ckpt_row(rl);
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v)
+        cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
     }
-    if (threadIdx.x == 0) {
-      atomicSub(&c.arrivals[slot], int(gridDim.x * gridDim.y));  // zero again for the next launch
-      if (early) c.cursor[slot] = 0;
-      if (c.pending) c.pending[slot] = T;
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int it = 0; it < kStages - 1; ++it) issue(it);
+
+  // ---- Prologue: the window (no cursor needed), then the committed ring u of the block's rows and g of its value
+  // heads (positions < cursor; one cp.async group with the v tile).
+  gdn_verify_stage_window<act_t, kK, kThreads>(p, b, h, hv0, nheads_block, row_begin, nrows, vt, vts, vec_v, qn, kn, gt, al, bt, tp);
+  RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "gdn_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
+  RSSM_DEVICE_CHECK(w0 >= 0 && w0 <= L, "gdn_replay_verify: cursor[%lld] = %d is outside [0, ring_len]", (long long)slot, w0);
+  const bool early = w0 + T > L;    // fold the committed history first
+  const int base = early ? 0 : w0;  // ring position of window token 0
+  const float* ring_k = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;  // [j * pos_stride + n]
+  {
+    const float* ring_u = c.ring_u + slot * c.ring_u_slot_stride + int64_t(h) * ratio * c.ring_u_head_stride;
+    const float* ring_g = c.ring_g + slot * c.ring_g_slot_stride + hv0;
+    copy_head_rows<float, kThreads>(ru, ts, ring_u, c.ring_u_pos_stride, c.ring_u_head_stride, V, row_begin, nrows, w0, vec_u);
+    for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
+      const int hl = idx / w0, j = idx % w0;
+      gs[hl * L + j] = ring_g[j * c.ring_g_pos_stride + hl];
     }
   }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();  // tiles and window written; every thread of the block has read the cursor and the committed ring
+  // Count in (the answer is used at the end): now when the block does not fold (it reads ring k only at positions
+  // < cursor, which the last block does not write), after the row loop when it does (it reads ring k there).
+  const int blocks_per_slot = gridDim.x * gridDim.y;
+  int arrived = 0;
+  if (threadIdx.x == 0 && !early) arrived = atomicAdd(&c.arrivals[slot], 1);
+
+  // ---- Block scalars. Positions after the (early) fold: j < base committed, j >= base the window.
+  const int P = base + T;
+  {  // k_j . k_t and k_j . q_t for j <= p_t (j == p_t: k_t . q_t), 8 lanes per pair, kPer contiguous elements each
+     // (every lane of a warp runs the same trip count: the shuffles take the whole warp)
+    const int npairs = T * P, lane8 = lane & 7;
+    for (int first = warp * 4; first < npairs; first += kThreads / 8) {
+      const int idx = first + (lane >> 3), t = idx / P, j = idx % P;
+      const bool live = idx < npairs && j <= base + t;
+      float a = 0.f, q = 0.f;
+      if (live) {
+        const float* kt = kn + t * kK + lane8 * kPer;
+        const float* qt = qn + t * kK + lane8 * kPer;
+        const float* kj = (j < base ? ring_k + j * c.ring_k_pos_stride : kn + (j - base) * kK) + lane8 * kPer;
+        bool done = false;
+        if constexpr (kPer % 4 == 0) {
+          if (j >= base || vec_k) {  // 16-byte loads (the ring's only when it is aligned for them)
+#pragma unroll
+            for (int e = 0; e < kPer; e += 4) {
+              const float4 x = *reinterpret_cast<const float4*>(kj + e), y = *reinterpret_cast<const float4*>(kt + e),
+                           z = *reinterpret_cast<const float4*>(qt + e);
+              a = fmaf(x.x, y.x, a), q = fmaf(x.x, z.x, q);
+              a = fmaf(x.y, y.y, a), q = fmaf(x.y, z.y, q);
+              a = fmaf(x.z, y.z, a), q = fmaf(x.z, z.z, q);
+              a = fmaf(x.w, y.w, a), q = fmaf(x.w, z.w, q);
+            }
+            done = true;
+          }
+        }
+        if (!done)
+#pragma unroll
+          for (int e = 0; e < kPer; ++e) a = fmaf(kj[e], kt[e], a), q = fmaf(kj[e], qt[e], q);
+      }
+      a = group_sum<8>(a), q = group_sum<8>(q);
+      if (live && lane8 == 0) {
+        if (j < base + t) KK[j * tp + t] = a, KQ[j * tp + t] = q;
+        else kqt[t] = q;
+      }
+    }
+  }
+  if (early)  // the fold's weights, a thread per (value head, j), in replay_decays' order
+    for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
+      const int hl = idx / w0, j = idx % w0;
+      float suffix = 0.f;
+      for (int m = w0 - 1; m > j; --m) suffix += gs[hl * L + m];
+      wf[hl * L + j] = expf(suffix);
+      if (j == 0) decf[hl] = expf(suffix + gs[hl * L]);
+    }
+  __syncthreads();
+  // The decay weights, a thread per (value head, j < P, t < tp), each suffix sum in replay_decays' order (the CPU's
+  // values), times the dots: WK, WQ (zero where j >= p_t or t >= T); dec[t] = exp(G_{p_t}).
+  auto g_at = [&](int hl, int m) { return m < base ? gs[hl * L + m] : gt[hl * tp + m - base]; };
+  for (int idx = threadIdx.x; idx < nheads_block * P * tp; idx += kThreads) {
+    const int hl = idx / (P * tp), rem = idx % (P * tp), j = rem / tp, t = rem % tp, pt = base + t;
+    float wk = 0.f, wq = 0.f;
+    if (t < T && j < pt) {
+      float suffix = 0.f;
+      for (int m = pt - 1; m > j; --m) suffix += g_at(hl, m);
+      const float weight = expf(suffix);
+      wk = weight * KK[j * tp + t], wq = weight * KQ[j * tp + t];
+      if (j == 0) dec[hl * tp + t] = expf(suffix + g_at(hl, 0));
+    } else if (t < T && j == 0) {
+      dec[hl * tp + t] = 1.f;  // p_t == 0: no token before this one since the checkpoint
+    }
+    WK[(hl * L + j) * tp + t] = wk;
+    WQ[(hl * L + j) * tp + t] = wq;
+  }
+  __syncthreads();
+
+  // ---- Stream the block's rows: the early fold, then the 2 T dots into `sums`.
+  for (int it = 0; it < n_iter; ++it) {
+    issue(it + kStages - 1);
+    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
+    const int rl = rl0 + it * Layout::kRowsPerIter;
+    const bool valid = rl < nrows;  // (an invalid row's staging is stale: nothing of it is stored)
+    float s[kCols];
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
+      const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = to_float(elems[e]);
+    }
+    if (early) {  // checkpoint <- state at the cursor, stored as the checkpoint stores it; ring k from global memory
+      const int rr = valid ? rl : 0, hl = (row_begin + rr) / V - head_begin;
+      const float dcy = decf[hl];
+#pragma unroll
+      for (int col = 0; col < kCols; ++col) s[col] *= dcy;
+#pragma unroll 2
+      for (int j = 0; j < w0; ++j) {
+        const float wu = wf[hl * L + j] * ru[j * ts + rr];
+        const float* kj = ring_k + j * c.ring_k_pos_stride;
+        if (vec_k) {
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+            for (int e = 0; e < kVec; e += 4) {
+              const float4 k4 = *reinterpret_cast<const float4*>(kj + Layout::col(lane_in_row, v, e));
+              float* sv = s + v * kVec + e;
+              sv[0] = fmaf(wu, k4.x, sv[0]), sv[1] = fmaf(wu, k4.y, sv[1]), sv[2] = fmaf(wu, k4.z, sv[2]), sv[3] = fmaf(wu, k4.w, sv[3]);
+            }
+        } else {
+          Layout::axpy(wu, kj, lane_in_row, s);
+        }
+      }
+#pragma unroll
+      for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
+      if (valid) Layout::store_row(ckpt_row(rl), lane_in_row, s);
+    }
+    int t0 = 0;
+    // Tokens in chunks of 4, then 2, then 1: no work for tokens past T.
+    float* sums_row = valid ? sums + rl : nullptr;
+    for (; t0 + 4 <= T; t0 += 4) gdn_verify_dots_chunk<Layout, 4>(s, kn, qn, t0, lane_in_row, sums_row, ts);
+    if (T - t0 >= 2) gdn_verify_dots_chunk<Layout, 2>(s, kn, qn, t0, lane_in_row, sums_row, ts), t0 += 2;
+    if (T - t0 >= 1) gdn_verify_dots_chunk<Layout, 1>(s, kn, qn, t0, lane_in_row, sums_row, ts);
+  }
+  cp_async_wait<0>();  // (only empty groups remain)
+  __syncthreads();     // sums written; every read of the committed ring done
+  if (threadIdx.x == 0 && early) arrived = atomicAdd(&c.arrivals[slot], 1);
+
+  // ---- A thread per row: the rest of S_h k_t and S_h q_t, the forward substitution, the outputs and corrections.
+  // Tokens four at a time (the committed ring terms of four tokens share a pass); the row's correction u_t replaces
+  // its used sum S_c k_t in `sums`, where the later tokens' substitution reads it (no register array, no unrolling
+  // over T).
+  act_t* out = static_cast<act_t*>(p.out) + b * p.out_batch_stride + int64_t(hv0) * p.out_head_stride;
+  float* ring_u_w = c.ring_u + slot * c.ring_u_slot_stride + int64_t(hv0) * c.ring_u_head_stride;
+#pragma unroll 1
+  for (int rl = threadIdx.x; rl < nrows; rl += kThreads) {
+    const int r = row_begin + rl, hl = r / V - head_begin, i = r % V;
+    const float* WKh = WK + hl * L * tp;
+    const float* WQh = WQ + hl * L * tp;
+    float* row_sums = sums + rl;  // [(2 t + (0: k, 1: q)) * ts]; [2 t * ts] = u_t once formed
+#pragma unroll 1
+    for (int t0 = 0; t0 < T; t0 += 4) {  // (tokens t0..t0+3 < tp: their table entries exist; those past T are not used)
+      float sk[4], sq[4];
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        const float d = dec[hl * tp + t0 + cc];
+        sk[cc] = d * row_sums[2 * (t0 + cc) * ts];
+        sq[cc] = d * row_sums[(2 * (t0 + cc) + 1) * ts];
+      }
+      for (int j = 0; j < base; ++j) {  // committed ring positions
+        const float uj = ru[j * ts + rl];
+        const float4 wk = *reinterpret_cast<const float4*>(WKh + j * tp + t0);
+        const float4 wq = *reinterpret_cast<const float4*>(WQh + j * tp + t0);
+        sk[0] = fmaf(uj, wk.x, sk[0]), sk[1] = fmaf(uj, wk.y, sk[1]), sk[2] = fmaf(uj, wk.z, sk[2]), sk[3] = fmaf(uj, wk.w, sk[3]);
+        sq[0] = fmaf(uj, wq.x, sq[0]), sq[1] = fmaf(uj, wq.y, sq[1]), sq[2] = fmaf(uj, wq.z, sq[2]), sq[3] = fmaf(uj, wq.w, sq[3]);
+      }
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {  // forward substitution through the window's earlier corrections
+        const int t = t0 + cc;
+        if (t < T) {
+          float Sk = sk[cc], Sq = sq[cc];
+          for (int t2 = 0; t2 < t; ++t2) {
+            const float u2 = row_sums[2 * t2 * ts];
+            Sk = fmaf(u2, WKh[(base + t2) * tp + t], Sk), Sq = fmaf(u2, WQh[(base + t2) * tp + t], Sq);
+          }
+          const float alpha = al[hl * tp + t];
+          const float u = bt[hl * tp + t] * (to_float(vt[t * vts + rl]) - alpha * Sk);
+          row_sums[2 * t * ts] = u;
+          out[int64_t(t) * p.out_token_stride + hl * p.out_head_stride + i] = from_float<act_t>(alpha * Sq + u * kqt[t]);
+          ring_u_w[int64_t(base + t) * c.ring_u_pos_stride + hl * c.ring_u_head_stride + i] = u;
+        }
+      }
+    }
+  }
+  if (threadIdx.x == 0) *last_flag = arrived == blocks_per_slot - 1;
+  __syncthreads();
+  if (*last_flag) gdn_verify_append_window<act_t, kK, kThreads>(p, slot, b, base, T, early);
 }
 
 inline int gdn_smem_per_sm() {
@@ -1079,7 +1471,8 @@ inline void gdn_check_smem(int bytes, const GdnTokenParams& p, int ring_len, con
 // The streaming verify's launch: 128 threads; rows of a key head's value heads per block enough for ~4 waves of
 // kMinBlocks blocks per SM (each block repeats the window's prologue), at most the key head's rows, and few
 // enough that kMinBlocks blocks fit an SM's shared memory; gdn_verify_rows forces a value (any value >= 1).
-template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks>
+// kRowPass: gdn_replay_verify_rowpass_kernel (variant 3) instead of gdn_replay_verify_stream_kernel.
+template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks, bool kRowPass = false>
 void launch_gdn_replay_verify_stream(const GdnReplayParams& p, cudaStream_t stream) {
   constexpr int kThreads = 128;
   using Layout = RowLayout<ckpt_t, kK, kThreads, 1, kLanes>;
@@ -1099,9 +1492,11 @@ void launch_gdn_replay_verify_stream(const GdnReplayParams& p, cudaStream_t stre
   }
   auto heads_for = [&](int r) { return std::min((r + V - 1) / V + 1, ratio); };
   auto smem_for = [&](int r) {
-    return GdnVerifyStreamSmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, Layout::kRowsPerWarp, kK, c.ring_len,
-                               p.ntokens, heads_for(r))
-        .total;
+    const int staging = kStages * Layout::kVecsPerLane * kThreads * 16;
+    if constexpr (kRowPass)
+      return GdnVerifyPassSmem(staging, sizeof(act_t), r, Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens, heads_for(r)).total;
+    else
+      return GdnVerifyStreamSmem(staging, sizeof(act_t), r, Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens, heads_for(r)).total;
   };
   const int smem_occupancy = gdn_smem_per_sm() / kMinBlocks - 1024;  // 1 KiB per block is the system's
   auto halve = [&](int limit) {
@@ -1121,10 +1516,17 @@ void launch_gdn_replay_verify_stream(const GdnReplayParams& p, cudaStream_t stre
                      c.ring_k_head_stride % 4 == 0;
   const bool vec_v = V % kV == 0 && rows_per_block % kV == 0 && aligned16(p.v) && p.v_head_stride == V &&
                      p.v_batch_stride % kV == 0 && p.v_token_stride % kV == 0;
-  auto kernel = gdn_replay_verify_stream_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
-  kernel<<<dim3(chunks, p.nkheads, p.batch), kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec_u, vec_k,
-                                                                       vec_v);
+  const dim3 grid(chunks, p.nkheads, p.batch);
+  if constexpr (kRowPass) {
+    const bool flat = c.ckpt_head_stride == int64_t(V) * c.ckpt_row_stride;  // a block's rows one stride apart
+    auto kernel = gdn_replay_verify_rowpass_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
+    kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec_u, vec_k, vec_v, flat);
+  } else {
+    auto kernel = gdn_replay_verify_stream_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
+    kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec_u, vec_k, vec_v);
+  }
   check_cuda(cudaGetLastError(), "gdn_replay_verify kernel launch");
 }
 
@@ -1133,15 +1535,18 @@ void gdn_replay_verify_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stre
   using ckpt_t = typename CudaType<kCkpt>::type;
   if (p.ntokens > kGdnMaxT) throw std::invalid_argument("replayssm: the CUDA gdn_replay_verify takes at most 16 tokens per row");
   const int variant = tune_knob("gdn_verify_variant");
-  if (variant == 1 || variant == 2) {  // the streaming kernel (not yet run on a GPU; the default stays the tested one)
+  if (variant >= 1 && variant <= 4) {  // the streaming kernel (1, 2) and the row-pass kernel (3, 4; not yet run on a GPU)
     RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
       RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
         using act_t = typename CudaType<kAct>::type;
+        constexpr int kLanes = GdnStepLanes<ckpt_t, kK>::value;  // 16 columns per lane (fewer lanes when a row has fewer vectors)
         if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128) {
           if (variant == 2) return launch_gdn_replay_verify_stream<float, act_t, kK, 4, 8, 3>(p, stream);  // 4 stages
+          if (variant == 4) return launch_gdn_replay_verify_stream<float, act_t, kK, 3, 8, 4, true>(p, stream);  // 4 blocks/SM
         }
-        // 16 columns per lane (fewer lanes when a row has fewer 16-byte vectors), 3 stages, 3 blocks per SM.
-        return launch_gdn_replay_verify_stream<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3>(p, stream);
+        // 3 stages, 3 blocks per SM.
+        if (variant >= 3) return launch_gdn_replay_verify_stream<ckpt_t, act_t, kK, 3, kLanes, 3, true>(p, stream);
+        return launch_gdn_replay_verify_stream<ckpt_t, act_t, kK, 3, kLanes, 3>(p, stream);
       });
     });
     return;
