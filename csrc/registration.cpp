@@ -62,7 +62,8 @@ TORCH_LIBRARY(replayssm, m) {
   m.def(
       "gdn_replay_verify(Tensor(a!) checkpoint, Tensor(b!) ring_u, Tensor(c!) ring_k, Tensor(d!) ring_g, Tensor(e!) cursor, "
       "Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor? dt_bias, bool l2norm, float scale, "
-      "Tensor slot_ids, Tensor? num_tokens, Tensor(f!) out, Tensor(g!)? pending=None, Tensor(h!)? arrivals=None) -> ()");
+      "Tensor slot_ids, Tensor? num_tokens, Tensor(f!) out, Tensor(g!)? pending=None, Tensor(h!)? arrivals=None, "
+      "Tensor(i!)? view=None, Tensor? sr_seed=None, Tensor(j!)? fold_count=None) -> ()");
   m.def(
       "gdn_replay_state(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, Tensor slot_ids, "
       "Tensor? positions, Tensor(a!) out) -> ()");

@@ -207,15 +207,19 @@ def gdn_replay_verify(cache: GdnReplayCache, q, k, v, a, b, A_log, *, slot_ids, 
     """Speculative verification of T tokens per row (q, k (b, T, H, K); v (b, T, HV, V); a, b (b, T, HV)): the
     outputs the sequential recurrence gives them, from the checkpoint and the ring; their corrections go into
     the ring (a forward substitution through the window). Cursor, early fold and commit
-    (:func:`mamba2_replay_commit` works on any replay cache) as for Mamba-2."""
-    if cache.view is not None or cache.sr_seed is not None:
-        raise ValueError("gdn_replay_verify does not support caches with an output view or stochastic rounding yet")
+    (:func:`mamba2_replay_commit` works on any replay cache) as for Mamba-2.
+
+    Caches with the numerical split (``output_view``, ``rounding="stochastic"``) on the CPU only: an early fold
+    stores the state at the cursor as the step's fold does (computed from the master, rounded stochastically
+    with the slot's seed and fold count, or to nearest; the view refreshed with the bf16 rounding of the same
+    value) and counts itself in ``cache.fold_count``; the window's tokens read the view, as the step's do. On
+    CUDA such caches raise a ValueError (the CUDA verify kernels do not take them yet)."""
     if out is None:
         out = torch.empty_like(v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     torch.ops.replayssm.gdn_replay_verify(cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor, q, k, v,
                                           a, b, A_log, dt_bias, l2norm, float(scale), slot_ids, num_tokens, out, cache.pending,
-                                          cache.arrivals)
+                                          cache.arrivals, cache.view, cache.sr_seed, cache.fold_count)
     return out
 
 
@@ -294,7 +298,8 @@ def _gdn_replay_step_fake(checkpoint, ring_u, ring_k, ring_g, cursor, arrivals, 
 
 @torch.library.register_fake("replayssm::gdn_replay_verify")
 def _gdn_replay_verify_fake(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale,
-                            slot_ids, num_tokens, out, pending=None, arrivals=None):
+                            slot_ids, num_tokens, out, pending=None, arrivals=None, view=None, sr_seed=None,
+                            fold_count=None):
     return None
 
 

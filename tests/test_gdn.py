@@ -401,6 +401,14 @@ def test_opcheck_and_bad_inputs():
                           (cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor, win["q"], win["k"],
                            win["v"], win["a"], win["b"], layer.A_log, layer.dt_bias, True, K ** -0.5, ids, None,
                            torch.empty_like(win["v"])))
+    for kw in (dict(output_view=torch.bfloat16), dict(checkpoint_dtype=torch.bfloat16, rounding="stochastic", seed=5)):
+        split = GdnReplayCache.allocate(3, HV, H, K, V, ring_len=4, **kw)
+        split.cursor.fill_(3)  # a window of 2 does not fit: an early fold writes checkpoint, view and fold count
+        torch.library.opcheck(torch.ops.replayssm.gdn_replay_verify.default,
+                              (split.checkpoint, split.ring_u, split.ring_k, split.ring_g, split.cursor, win["q"], win["k"],
+                               win["v"], win["a"], win["b"], layer.A_log, layer.dt_bias, True, K ** -0.5, ids, None,
+                               torch.empty_like(win["v"]), split.pending, split.arrivals, split.view, split.sr_seed,
+                               split.fold_count))
     torch.library.opcheck(torch.ops.replayssm.gdn_replay_state.default,
                           (cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor, ids, None,
                            torch.empty(2, HV, V, K)))

@@ -233,10 +233,94 @@ def test_gdn_numerical_split():
     assert torch.equal(view.view, view.checkpoint.to(torch.bfloat16))
     assert 0 < rel_err(outs["view"], outs["plain"].double()) < 4 * 2.0**-8
     assert rel_err(view.checkpoint, plain.checkpoint.double()) < 4 * 2.0**-8
-    with pytest.raises(ValueError, match="output view or stochastic"):
-        replayssm.gdn_replay_verify(view, torch.randn(2, 1, H, K), torch.randn(2, 1, H, K), torch.randn(2, 1, HV, V),
-                                    torch.randn(2, 1, HV), torch.randn(2, 1, HV), torch.zeros(HV),
-                                    slot_ids=torch.tensor([0, 1], dtype=torch.int32))
+
+
+def test_gdn_verify_with_the_numerical_split():
+    """gdn_replay_verify + commit on split caches (CPU), windows of 1..T tokens with random accepted counts. At every
+    early fold the stored checkpoint is exactly the state at the cursor (gdn_replay_state just before, computed from
+    the master) as the step's fold stores it: the fp32 state itself for an fp32 master (with or without a view: the
+    view never becomes history), its bf16 view the bf16 rounding of that state, its round-to-nearest for a bf16
+    checkpoint, and for stochastic rounding replayssm.ops.stochastic_round with the slot's seed at the slot's fold
+    count before the fold (Philox counter (hv V + r) K + n, as the step's fold); fold_count counts each early fold
+    once, and no other call writes the checkpoint. The window's outputs read the view: they are exactly those of a
+    plain fp32 cache whose checkpoint holds the view's values (refreshed by the early fold). Stochastic rounding is
+    reproducible for the same seed, different for another, and not round-to-nearest; the viewed cache's outputs and
+    master stay within a few bf16 units of the plain cache's (for GDN the view's rounding reaches the corrections u,
+    as in the step)."""
+    HV, H, K, V, L, T, steps = 4, 2, 16, 8, 6, 3, 18
+    seed = torch.randint(0, 2**31 - 1, ()).item()
+    init = torch.randn(2, HV, V, K, generator=make_gen()) * 0.3
+    make = lambda **kw: GdnReplayCache.allocate(2, HV, H, K, V, ring_len=L, **kw)
+    sr = dict(checkpoint_dtype=torch.bfloat16, rounding="stochastic")
+    caches = dict(plain=make(), view=make(output_view=torch.bfloat16), nearest=make(checkpoint_dtype=torch.bfloat16),
+                  a=make(**sr, seed=3), b=make(**sr, seed=3), c=make(**sr, seed=4))
+    ids = torch.tensor([1, 0], dtype=torch.int32)
+    for cache in caches.values():
+        cache.reset(torch.tensor([0, 1]), init)
+    gen = torch.Generator().manual_seed(seed)
+    A_log = torch.rand(HV, generator=gen) * math.log(16.0)
+    dt_bias = torch.rand(HV, generator=gen) - 4.0
+    outs = {name: [] for name in caches}
+    folds, sr_differs_from_nearest = [0, 0], False
+    for _ in range(steps):
+        tok = dict(q=torch.randn(2, T, H, K, generator=gen), k=torch.randn(2, T, H, K, generator=gen),
+                   v=torch.randn(2, T, HV, V, generator=gen), a=torch.randn(2, T, HV, generator=gen),
+                   b=torch.randn(2, T, HV, generator=gen))
+        n_tok = torch.randint(1, T + 1, (2,), generator=gen, dtype=torch.int32)
+        accepted = torch.stack([torch.randint(1, int(n) + 1, (), generator=gen) for n in n_tok]).to(torch.int32)
+        cursor = caches["plain"].cursor.clone()
+        early = [int(cursor[s]) + int(n_tok[r]) > L for r, s in enumerate(ids.tolist())]
+        verify = lambda cache: replayssm.gdn_replay_verify(cache, **tok, A_log=A_log, dt_bias=dt_bias, slot_ids=ids,
+                                                           num_tokens=n_tok, out=torch.zeros_like(tok["v"]))
+        # The view's twin: a plain fp32 cache holding the view's values (after this call's early fold) as its checkpoint.
+        view = caches["view"]
+        twin = make()
+        for name in ("ring_u", "ring_k", "ring_g", "cursor", "pending"):
+            getattr(twin, name).copy_(getattr(view, name))
+        twin.checkpoint.copy_(view.view.float())
+        view_state = replayssm.gdn_replay_state(view, ids)
+        for r, s in enumerate(ids.tolist()):
+            if early[r]:
+                twin.checkpoint[s] = view_state[r].to(torch.bfloat16).float()
+                twin.cursor[s] = 0
+        y_twin = verify(twin)
+        for name, cache in caches.items():
+            assert torch.equal(cache.cursor, cursor)  # all caches move alike
+            state = replayssm.gdn_replay_state(cache, ids)
+            before = cache.checkpoint.clone()
+            count = None if cache.fold_count is None else cache.fold_count.clone()
+            y = verify(cache)
+            outs[name].append(y)
+            replayssm.mamba2_replay_commit(cache, ids, accepted)
+            for r, s in enumerate(ids.tolist()):
+                stored = cache.checkpoint[s]
+                if not early[r]:
+                    assert torch.equal(stored, before[s]), name
+                    assert count is None or cache.fold_count[s] == count[s], name
+                elif name in ("plain", "view"):
+                    assert torch.equal(stored, state[r]), name
+                    if name == "view":
+                        assert torch.equal(cache.view[s], state[r].to(torch.bfloat16))
+                elif name == "nearest":
+                    assert torch.equal(stored, state[r].to(torch.bfloat16))
+                else:
+                    rounded = replayssm.ops.stochastic_round(state[r], seed=int(cache.sr_seed[s]), fold=int(count[s]))
+                    assert torch.equal(stored, rounded), name
+                    sr_differs_from_nearest |= not torch.equal(stored, state[r].to(torch.bfloat16))
+                    assert cache.fold_count[s] == count[s] + 1, name
+            if name == "view":
+                assert torch.equal(y, y_twin)  # the window read the view (refreshed by the early fold), not the master
+                assert torch.equal(cache.ring_u, twin.ring_u)
+        folds = [f + int(e) for f, e in zip(folds, early[::-1])]  # per slot (ids = [1, 0])
+    assert min(folds) >= 2 and sr_differs_from_nearest
+    a, b, c = caches["a"], caches["b"], caches["c"]
+    assert a.fold_count.tolist() == folds and torch.equal(a.fold_count, c.fold_count)
+    assert torch.equal(a.checkpoint, b.checkpoint) and torch.equal(torch.stack(outs["a"]), torch.stack(outs["b"]))
+    assert not torch.equal(a.checkpoint, c.checkpoint)
+    plain, view = caches["plain"], caches["view"]
+    assert torch.equal(view.view, view.checkpoint.to(torch.bfloat16))
+    assert 0 < rel_err(torch.stack(outs["view"]), torch.stack(outs["plain"]).double()) < 4 * 2.0**-8
+    assert 0 < rel_err(view.checkpoint, plain.checkpoint.double()) < 4 * 2.0**-8
 
 
 # The CUDA GDN replay step with the split against the CPU one. Blocks per slot: the default split (at batch 2 it
@@ -318,7 +402,8 @@ def test_cuda_gdn_numerical_split_matches_cpu(monkeypatch, tune, mode, K, V, act
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_gdn_split_rejects_what_the_kernel_does_not_take():
     """On CUDA the view must be of an fp32 checkpoint, and a fold counter comes with a view or a 16-bit checkpoint;
-    gdn_replay_verify takes neither the view nor stochastic rounding (as on the CPU)."""
+    gdn_replay_verify on CUDA takes neither the view nor stochastic rounding yet (the CPU one does), with a clear
+    error rather than results that ignore them."""
     HV, H, K, V = 4, 2, 16, 16
     gen = torch.Generator().manual_seed(0)
     tok = [torch.randn(2, *s, generator=gen).cuda() for s in ((H, K), (H, K), (HV, V), (HV,), (HV,))]
@@ -335,5 +420,10 @@ def test_cuda_gdn_split_rejects_what_the_kernel_does_not_take():
                                             torch.zeros(2, dtype=torch.int32, device="cuda"))
     viewed = GdnReplayCache.allocate(2, HV, H, K, V, ring_len=4, output_view=torch.bfloat16, device="cuda")
     win = [t.unsqueeze(1) for t in tok]
-    with pytest.raises(ValueError, match="output view or stochastic"):
+    message = "gdn_replay_verify on CUDA does not take caches with an output view or stochastic rounding yet"
+    with pytest.raises(ValueError, match=message):
         replayssm.gdn_replay_verify(viewed, *win, A_log, slot_ids=ids)
+    rounded = GdnReplayCache.allocate(2, HV, H, K, V, ring_len=4, checkpoint_dtype=torch.bfloat16, rounding="stochastic",
+                                      device="cuda")
+    with pytest.raises(ValueError, match=message):
+        replayssm.gdn_replay_verify(rounded, *win, A_log, slot_ids=ids)

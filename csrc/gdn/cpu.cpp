@@ -205,15 +205,23 @@ void replay_cpu(const GdnReplayParams& p, bool verify) {
         continue;
       }
       const int T = p.num_tokens ? p.num_tokens[b] : p.ntokens;
-      if (w + T > c.ring_len) {  // early fold: checkpoint <- state at the cursor
+      if (w + T > c.ring_len) {  // early fold: checkpoint <- state at the cursor (from the master, never the view)
         for (int hv = 0; hv < p.nheads; ++hv) {
           const float ckpt_decay = sc.decays(w, hv, weight.data());
           for (int r = 0; r < p.vdim; ++r) {
             for (int n = 0; n < p.kdim; ++n) row[n] = sc.state(w, hv, hv / ratio, r, n, weight.data(), ckpt_decay);
-            for (int n = 0; n < p.kdim; ++n)
-              st<ckpt_t>(c.checkpoint, slot * c.ckpt_slot_stride + hv * c.ckpt_head_stride + r * c.ckpt_row_stride + n, row[n]);
+            for (int n = 0; n < p.kdim; ++n) {  // stored as the step's fold stores it (rounding, view)
+              const int64_t index = (int64_t(hv) * p.vdim + r) * p.kdim + n;  // the step fold's Philox counter
+              const float stored = c.sr_seed ? stochastic_round_to(c.ckpt_dtype, row[n],
+                                                                   fold_random(uint64_t(c.sr_seed[slot]), c.fold_count[slot], index))
+                                             : row[n];
+              st<ckpt_t>(c.checkpoint, slot * c.ckpt_slot_stride + hv * c.ckpt_head_stride + r * c.ckpt_row_stride + n, stored);
+              if (c.view)
+                st<c10::BFloat16>(c.view, slot * c.view_slot_stride + hv * c.view_head_stride + r * c.view_row_stride + n, row[n]);
+            }
           }
         }
+        if (c.fold_count) c.fold_count[slot] += 1;
         w = 0;
         c.cursor[slot] = 0;
       }

@@ -247,13 +247,18 @@ void gdn_replay_step(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor rin
 void gdn_replay_verify(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, const Tensor& q,
                        const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log,
                        const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids, const OptTensor& num_tokens,
-                       Tensor out, const OptTensor& pending, const OptTensor& arrivals) {
+                       Tensor out, const OptTensor& pending, const OptTensor& arrivals, const OptTensor& view,
+                       const OptTensor& sr_seed, const OptTensor& fold_count) {
+  // The CPU verify takes the numerical split (early folds store as the step's folds do); the CUDA verify kernels
+  // do not yet.
+  TORCH_CHECK_VALUE(!checkpoint.is_cuda() || !(view || sr_seed || fold_count),
+                    "replayssm: gdn_replay_verify on CUDA does not take caches with an output view or stochastic rounding yet");
   if (arrivals) {
     check_shape(*arrivals, "arrivals", {checkpoint.size(0)});
     check_dtype(*arrivals, "arrivals", at::kInt);
   }
   gdn_replay(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, num_tokens, out,
-             true, pending, arrivals ? &*arrivals : nullptr);
+             true, pending, arrivals ? &*arrivals : nullptr, view, sr_seed, fold_count);
 }
 
 void gdn_replay_state(const Tensor& checkpoint, const Tensor& ring_u, const Tensor& ring_k, const Tensor& ring_g,
