@@ -172,9 +172,9 @@ class GdnReplayCache:
     cursor: torch.Tensor
     arrivals: torch.Tensor
     pending: Optional[torch.Tensor] = None  # tokens of the last verify not yet committed, per slot
-    # The numerical split, as for Mamba-2 (CUDA: the replay step, tested on an H200; verify: CPU only). The view
-    # serves S_c k as well as S_c q, so for GDN its rounding reaches the corrections u (and through them the
-    # state): bench/accuracy measures it.
+    # The numerical split, as for Mamba-2 (CUDA: the replay step, tested on an H200; verify: CPU, and CUDA written,
+    # not yet run on a GPU). The view serves S_c k as well as S_c q, so for GDN its rounding reaches the corrections
+    # u (and through them the state): bench/accuracy measures it.
     view: Optional[torch.Tensor] = None
     sr_seed: Optional[torch.Tensor] = None
     fold_count: Optional[torch.Tensor] = None

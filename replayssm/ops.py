@@ -209,11 +209,12 @@ def gdn_replay_verify(cache: GdnReplayCache, q, k, v, a, b, A_log, *, slot_ids, 
     the ring (a forward substitution through the window). Cursor, early fold and commit
     (:func:`mamba2_replay_commit` works on any replay cache) as for Mamba-2.
 
-    Caches with the numerical split (``output_view``, ``rounding="stochastic"``) on the CPU only: an early fold
-    stores the state at the cursor as the step's fold does (computed from the master, rounded stochastically
-    with the slot's seed and fold count, or to nearest; the view refreshed with the bf16 rounding of the same
-    value) and counts itself in ``cache.fold_count``; the window's tokens read the view, as the step's do. On
-    CUDA such caches raise a ValueError (the CUDA verify kernels do not take them yet)."""
+    Caches with the numerical split (``output_view``, ``rounding="stochastic"``): an early fold stores the state
+    at the cursor as the step's fold does (computed from the master, rounded stochastically with the slot's seed
+    and fold count, or to nearest; the view refreshed with the bf16 rounding of the same value) and counts itself
+    in ``cache.fold_count``; the window's tokens read the view (or the stored values), as the step's do. On CUDA
+    such caches go to the row-pass verify kernel (written and checked against the CPU op by a Python port of it,
+    not yet run on a GPU); the view only of an fp32 checkpoint."""
     if out is None:
         out = torch.empty_like(v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale

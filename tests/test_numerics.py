@@ -398,12 +398,91 @@ def test_cuda_gdn_numerical_split_matches_cpu(monkeypatch, tune, mode, K, V, act
         assert (diff[~same] <= bound[~same]).all(), (diff[~same] / bound[~same]).max()
 
 
+# The CUDA GDN verify with the split (the row-pass kernel, whatever gdn_verify_variant says) against the CPU one:
+# the default split, and gdn_verify_rows forcing blocks that straddle value heads and end in partial row iterations.
+GDN_VERIFY_SPLIT_TUNES = {"default": "", "rows": "gdn_verify_rows={rows}"}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("K,V", [(16, 32), (128, 128)], ids=["K16-V32", "K128-V128"])
+@pytest.mark.parametrize("mode", ["view", "stochastic"])
+@pytest.mark.parametrize("tune", list(GDN_VERIFY_SPLIT_TUNES))
+def test_cuda_gdn_verify_numerical_split_matches_cpu(monkeypatch, tune, mode, K, V, act_dtype):
+    """The CUDA gdn_replay_verify + commit with a bf16 view (fp32 master) or stochastic rounding at early folds
+    (bf16 checkpoint) against the CPU one on the same inputs (random token counts per row and accepted counts,
+    early folds): outputs to the activation dtype's accuracy, the master to fp32 accuracy up to the view's rare
+    bf16 ties, the view its rounding exactly; stochastic rounding the same for the same seed but for rare one-ulp
+    flips (bounded as in test_cuda_gdn_numerical_split_matches_cpu, per early fold), reproducible run to run; the
+    same fold counts, cursors and pending counts; arrival counters back at zero."""
+    rows = 48 if K == 128 else 24  # a key head's value heads hold 2 V rows: blocks straddle them
+    monkeypatch.setenv("REPLAYSSM_TUNE", GDN_VERIFY_SPLIT_TUNES[tune].format(rows=rows))
+    seed = torch.randint(0, 2**31 - 1, ()).item()
+    HV, H, L, Tmax, rounds = 4, 2, 7, 4, 12
+    kw = dict(output_view=torch.bfloat16) if mode == "view" else dict(checkpoint_dtype=torch.bfloat16,
+                                                                      rounding="stochastic", seed=11)
+    init = torch.randn(2, HV, V, K, generator=make_gen()) * 0.3
+    pgen = torch.Generator().manual_seed(seed)
+    A_log = torch.rand(HV, generator=pgen) * math.log(16.0)
+    dt_bias = torch.rand(HV, generator=pgen) - 4.0
+    caches, outs, history, folds = {}, {}, [], 0
+    for key, device in (("cpu", "cpu"), ("cuda", "cuda"), ("cuda again", "cuda")):
+        cache = GdnReplayCache.allocate(2, HV, H, K, V, ring_len=L, device=device, **kw)
+        cache.reset(torch.tensor([0, 1], device=device), init.to(device))
+        gen = torch.Generator().manual_seed(seed + 1)
+        ids = torch.tensor([1, 0], dtype=torch.int32, device=device)
+        y = []
+        for t in range(rounds):
+            n_tok = torch.randint(1, Tmax + 1, (2,), generator=gen, dtype=torch.int32)
+            rnd = lambda *s: torch.randn(2, Tmax, *s, generator=gen).to(device, act_dtype)
+            q, k, v, a, b = rnd(H, K), rnd(H, K), rnd(HV, V), rnd(HV), rnd(HV)
+            if key == "cpu":
+                folds += sum(cache.cursor[s].item() + n_tok[i].item() > L for i, s in enumerate(ids.tolist()))
+            out = replayssm.gdn_replay_verify(cache, q, k, v, a, b, A_log.to(device), slot_ids=ids,
+                                              num_tokens=n_tok.to(device), dt_bias=dt_bias.to(device)).cpu()
+            for i in range(2):
+                out[i, n_tok[i]:] = 0  # (tokens past a row's count are not written)
+            y.append(out)
+            accepted = torch.tensor([torch.randint(1, n + 1, (), generator=gen).item() for n in n_tok.tolist()],
+                                    dtype=torch.int32)
+            replayssm.mamba2_replay_commit(cache, ids, accepted.to(device))
+            if key == "cpu":
+                history.append(cache.checkpoint.float().clone())
+            else:
+                assert not cache.arrivals.any(), (key, t)
+        caches[key], outs[key] = cache, torch.stack(y)
+    cpu, gpu, again = caches["cpu"], caches["cuda"], caches["cuda again"]
+    assert folds >= 2
+    assert torch.equal(outs["cuda"], outs["cuda again"]) and torch.equal(gpu.checkpoint, again.checkpoint)
+    assert gpu.cursor.tolist() == cpu.cursor.tolist() and gpu.pending.tolist() == cpu.pending.tolist()
+    assert gpu.fold_count is None or gpu.fold_count.tolist() == cpu.fold_count.tolist()
+    if cpu.fold_count is not None:
+        assert sum(cpu.fold_count.tolist()) == folds
+    out_tol = 1e-3 if act_dtype == torch.float32 else 2e-2  # bf16 outputs: a unit of the last place may differ
+    assert rel_err(outs["cuda"], outs["cpu"].double()) < out_tol
+    assert rel_err(gpu.ring_u.cpu(), cpu.ring_u.double()) < (1e-3 if act_dtype == torch.float32 else 2e-2)
+    if mode == "view":
+        assert torch.equal(gpu.view, again.view)
+        assert rel_err(gpu.checkpoint.cpu(), cpu.checkpoint.double()) < 1e-4  # (the view's ties: see the step's test)
+        assert torch.equal(gpu.view, gpu.checkpoint.to(torch.bfloat16))
+        assert torch.equal(cpu.view, cpu.checkpoint.to(torch.bfloat16))
+        assert not torch.equal(gpu.checkpoint.cpu(), init)  # early folds wrote it
+    else:
+        same = gpu.checkpoint.cpu() == cpu.checkpoint
+        assert same.float().mean() > 0.99, same.float().mean()
+        diff = (gpu.checkpoint.cpu().float() - cpu.checkpoint.float()).abs()
+        scale = torch.stack([init.abs()] + [h.abs() for h in history]).amax(0)  # each element's largest magnitude
+        row_scale = scale.amax(-1, keepdim=True).expand_as(scale)
+        bound = (folds + 0.01) * (ulp(scale, torch.bfloat16) + ulp(row_scale, torch.bfloat16))
+        assert (diff[~same] <= bound[~same]).all(), (diff[~same] / bound[~same]).max()
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_gdn_split_rejects_what_the_kernel_does_not_take():
     """On CUDA the view must be of an fp32 checkpoint, and a fold counter comes with a view or a 16-bit checkpoint;
-    gdn_replay_verify on CUDA takes neither the view nor stochastic rounding yet (the CPU one does), with a clear
-    error rather than results that ignore them."""
+    with clear errors rather than results that ignore them; gdn_replay_verify on CUDA takes both now."""
     HV, H, K, V = 4, 2, 16, 16
     gen = torch.Generator().manual_seed(0)
     tok = [torch.randn(2, *s, generator=gen).cuda() for s in ((H, K), (H, K), (HV, V), (HV,), (HV,))]
@@ -418,12 +497,14 @@ def test_cuda_gdn_split_rejects_what_the_kernel_does_not_take():
         torch.ops.replayssm.gdn_replay_step(c.checkpoint, c.ring_u, c.ring_k, c.ring_g, c.cursor, c.arrivals, *tok, A_log,
                                             None, True, K ** -0.5, ids, torch.empty_like(tok[2]), None, None,
                                             torch.zeros(2, dtype=torch.int32, device="cuda"))
-    viewed = GdnReplayCache.allocate(2, HV, H, K, V, ring_len=4, output_view=torch.bfloat16, device="cuda")
     win = [t.unsqueeze(1) for t in tok]
-    message = "gdn_replay_verify on CUDA does not take caches with an output view or stochastic rounding yet"
-    with pytest.raises(ValueError, match=message):
-        replayssm.gdn_replay_verify(viewed, *win, A_log, slot_ids=ids)
+    with pytest.raises(ValueError, match="view must be of an fp32 checkpoint"):
+        replayssm.gdn_replay_verify(narrow, *win, A_log, slot_ids=ids)
+    # The verify takes the split now (the row-pass kernel): accepted, with the fold counted at an early fold.
+    viewed = GdnReplayCache.allocate(2, HV, H, K, V, ring_len=4, output_view=torch.bfloat16, device="cuda")
+    replayssm.gdn_replay_verify(viewed, *win, A_log, slot_ids=ids)
     rounded = GdnReplayCache.allocate(2, HV, H, K, V, ring_len=4, checkpoint_dtype=torch.bfloat16, rounding="stochastic",
                                       device="cuda")
-    with pytest.raises(ValueError, match=message):
-        replayssm.gdn_replay_verify(rounded, *win, A_log, slot_ids=ids)
+    rounded.cursor.fill_(4)
+    replayssm.gdn_replay_verify(rounded, *win, A_log, slot_ids=ids)
+    assert rounded.fold_count.tolist() == [1, 1] and rounded.cursor.tolist() == [0, 0]

@@ -25,7 +25,9 @@
 // * gdn_replay_verify_rowpass_kernel (gdn_verify_variant=3 or 4; not yet run on a GPU): the streaming kernel's grid
 //   with the row loop cut to the 2 T dots per row (reduce-scattered into a shared table), everything else a row
 //   needs in a pass a thread per row after the loop, the block scalars parallel, and a key head's 256 rows in one
-//   block (the committed ring k is not staged).
+//   block (the committed ring k is not staged). It also takes the numerical split (not yet run on a GPU; split
+//   caches go to it whatever gdn_verify_variant says): an fp32 checkpoint's bf16 view streamed, an early fold from
+//   the master writing master and view; stochastic rounding of a 16-bit checkpoint at early folds.
 // * gdn_replay_state_kernel: a block per (value head, row), not a hot path.
 //
 // Launch-configuration knobs (REPLAYSSM_TUNE="key=value,...", common/cuda_utils.cuh; read at every launch; the
@@ -1185,11 +1187,27 @@ __device__ __forceinline__ void gdn_verify_dots_chunk(const float (&s)[Layout::k
   }
 }
 
-template <typename ckpt_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
+// The numerical split (MATH.md; replay_cpu(verify=true) in cpu.cpp is the semantics; written as the replay step
+// kernel does it, not yet run on a GPU): src_t is what the staging ring streams, the checkpoint (src_t == ckpt_t) or
+// an fp32 checkpoint's bf16 view; an early fold forms the state from the fp32 master row (streaming loads), writes
+// the master and the view (rounded to nearest) of the same values, and the window's dots then use the view's values
+// (what served() reads on the CPU). A 16-bit checkpoint with sr_seed is rounded stochastically at an early fold
+// (Philox keyed by the slot's seed, counter (element (hv, r, n), the slot's fold count), as the CPU), and the dots use
+// the stored values. Every thread reads the fold count in the prologue; early-folding blocks count in only after
+// their row loop, so the slot's last block may increment it. The plain fp32 instantiation compiles none of this
+// (ops.cpp: on CUDA a fold counter comes only with a view or a 16-bit checkpoint). `flat`: the streamed rows' head
+// stride is vdim rows.
+template <typename ckpt_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
+          typename src_t = ckpt_t>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gdn_replay_verify_rowpass_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
                                      const bool vec_k, const bool vec_v, const bool flat) {
-  using Layout = RowLayout<ckpt_t, kK, kThreads, 1, kLanesPerRow>;
+  constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
+  static_assert(!kView || std::is_same_v<ckpt_t, float>, "the output view is of an fp32 checkpoint");
+  constexpr bool kNarrow = !std::is_same_v<ckpt_t, float>;  // a 16-bit checkpoint (stochastic rounding possible)
+  constexpr bool kCountsFolds = kView || kNarrow;            // the caches that may carry a fold counter on CUDA
+  constexpr DType kCkptDType = std::is_same_v<ckpt_t, __half> ? DType::kFloat16 : DType::kBFloat16;  // when kNarrow
+  using Layout = RowLayout<src_t, kK, kThreads, 1, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
   static_assert(kVec % 4 == 0, "a lane's columns come in groups of four (16-byte loads of k and q)");
   constexpr int kPer = kK / 8;  // the dots: elements of a pair per lane (8 lanes per pair)
@@ -1212,10 +1230,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int lane_in_row = lane % kLanes;
   const int rl0 = warp * Layout::kRowsPerWarp + lane / kLanes;  // this thread's row of the block in iteration 0
   ckpt_t* ckpt = static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(hv0) * c.ckpt_head_stride;
-  auto ckpt_row = [&](int rl) {  // block row rl: value head (row_begin + rl) / V of the key head, state row (row_begin + rl) % V
-    if (flat) return ckpt + int64_t(row_begin - head_begin * V + rl) * c.ckpt_row_stride;
+  // The streamed rows: the checkpoint's, or its view's.
+  src_t* src_base;
+  int64_t src_head_stride, src_row_stride;
+  if constexpr (kView) {
+    src_base = static_cast<src_t*>(c.view) + slot * c.view_slot_stride + int64_t(hv0) * c.view_head_stride;
+    src_head_stride = c.view_head_stride, src_row_stride = c.view_row_stride;
+  } else {
+    src_base = ckpt, src_head_stride = c.ckpt_head_stride, src_row_stride = c.ckpt_row_stride;
+  }
+  auto src_row = [&](int rl) {  // block row rl: value head (row_begin + rl) / V of the key head, state row (row_begin + rl) % V
+    if (flat) return src_base + int64_t(row_begin - head_begin * V + rl) * src_row_stride;
     const int r = row_begin + rl;
-    return ckpt + int64_t(r / V - head_begin) * c.ckpt_head_stride + int64_t(r % V) * c.ckpt_row_stride;
+    return src_base + int64_t(r / V - head_begin) * src_head_stride + int64_t(r % V) * src_row_stride;
+  };
+  auto ckpt_row = [&](int rl) {  // the checkpoint's (the fp32 master's with a view: formed where used, at folds)
+    if constexpr (kView) {
+      const int r = row_begin + rl;
+      return ckpt + int64_t(r / V - head_begin) * c.ckpt_head_stride + int64_t(r % V) * c.ckpt_row_stride;
+    } else {
+      return src_row(rl);
+    }
   };
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1245,7 +1280,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
     const int rl = rl0 + it * Layout::kRowsPerIter;
     if (it < n_iter && rl < nrows) {
-      const ckpt_t* src = ckpt_row(rl);
+      const src_t* src = src_row(rl);
 #pragma unroll
       for (int v = 0; v < kVecs; ++v)
         cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
@@ -1273,6 +1308,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   cp_async_commit();
+  // The fold count (stochastic rounding's Philox counter): read, and the load consumed, before the block counts in,
+  // since the slot's last block increments it (an early-folding block counts in after its row loop).
+  uint32_t fold_no = 0;
+  if constexpr (kNarrow) {
+    if (early && c.sr_seed != nullptr) {  // (fold_count is then present: ops.cpp)
+      fold_no = uint32_t(c.fold_count[slot]);
+      if (fold_no == 0xffffffffu) __trap();  // (consumes the load before the barrier; 2^32 folds do not happen)
+    }
+  }
   cp_async_wait<0>();
   __syncthreads();  // tiles and window written; every thread of the block has read the cursor and the committed ring
   // Count in (the answer is used at the end): now when the block does not fold (it reads ring k only at positions
@@ -1359,13 +1403,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
       const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
-      const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
+      const src_t* elems = reinterpret_cast<const src_t*>(&raw);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) s[v * kVec + e] = to_float(elems[e]);
     }
     if (early) {  // checkpoint <- state at the cursor, stored as the checkpoint stores it; ring k from global memory
       const int rr = valid ? rl : 0, hl = (row_begin + rr) / V - head_begin;
       const float dcy = decf[hl];
+      if constexpr (kView) {  // from this lane's columns of the fp32 master row (the view was streamed)
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+          for (int e = 0; e < kVec; e += 4) {
+            const float4 m = valid ? __ldcs(reinterpret_cast<const float4*>(ckpt_row(rl) + Layout::col(lane_in_row, v, e)))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+            s[v * kVec + e] = m.x, s[v * kVec + e + 1] = m.y, s[v * kVec + e + 2] = m.z, s[v * kVec + e + 3] = m.w;
+          }
+      }
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= dcy;
 #pragma unroll 2
@@ -1385,9 +1439,43 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           Layout::axpy(wu, kj, lane_in_row, s);
         }
       }
+      if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest); the dots use the view's values
+        if (valid) {
+          ckpt_t* row = ckpt_row(rl);
+          src_t* vrow = src_row(rl);
 #pragma unroll
-      for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
-      if (valid) Layout::store_row(ckpt_row(rl), lane_in_row, s);
+          for (int v = 0; v < kVecs; ++v) {
+#pragma unroll
+            for (int e = 0; e < kVec; e += 4)
+              __stcs(reinterpret_cast<float4*>(row + Layout::col(lane_in_row, v, e)),
+                     make_float4(s[v * kVec + e], s[v * kVec + e + 1], s[v * kVec + e + 2], s[v * kVec + e + 3]));
+            store16_stream(vrow + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[kVec]>(&s[v * kVec]));
+          }
+        }
+#pragma unroll
+        for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<src_t>(s[col]));
+      } else {
+        if constexpr (kNarrow) {
+          if (c.sr_seed != nullptr) {  // stochastic rounding: element (hv, r, n) is counter (hv V + r) K + n, as on the CPU
+            const uint64_t seed = uint64_t(c.sr_seed[slot]);
+            // (hv V + r = h ratio V + row_begin + rl; the lane's first column made opaque so that the compiler forms
+            // each column's counter here rather than keeping them live across the loop, as in the replay step)
+            int64_t index0 = (int64_t(h) * ratio * V + row_begin + rr) * kK + Layout::col(lane_in_row, 0, 0);
+            asm volatile("" : "+l"(index0));
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+              for (int e = 0; e < kVec; ++e)
+                s[v * kVec + e] = stochastic_round_to(kCkptDType, s[v * kVec + e],
+                                                      fold_random(seed, fold_no, uint64_t(index0 + (Layout::col(0, v, e) - Layout::col(0, 0, 0)))));
+          }
+        }
+        // (the stored values, which the dots use: stochastic rounding's are exact but at the format's largest finite
+        // magnitude, which the conversion rounds to nearest as the CPU's store does)
+#pragma unroll
+        for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
+        if (valid) Layout::store_row(ckpt_row(rl), lane_in_row, s);
+      }
     }
     int t0 = 0;
     // Tokens in chunks of 4, then 2, then 1: no work for tokens past T.
@@ -1448,7 +1536,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   if (threadIdx.x == 0) *last_flag = arrived == blocks_per_slot - 1;
   __syncthreads();
-  if (*last_flag) gdn_verify_append_window<act_t, kK, kThreads>(p, slot, b, base, T, early);
+  if (*last_flag) {
+    gdn_verify_append_window<act_t, kK, kThreads>(p, slot, b, base, T, early);
+    if constexpr (kCountsFolds) {  // every block of the slot read the count before it counted in: only this one writes it
+      if (threadIdx.x == 0 && early && c.fold_count != nullptr) c.fold_count[slot] += 1;
+    }
+  }
 }
 
 inline int gdn_smem_per_sm() {
@@ -1472,10 +1565,13 @@ inline void gdn_check_smem(int bytes, const GdnTokenParams& p, int ring_len, con
 // kMinBlocks blocks per SM (each block repeats the window's prologue), at most the key head's rows, and few
 // enough that kMinBlocks blocks fit an SM's shared memory; gdn_verify_rows forces a value (any value >= 1).
 // kRowPass: gdn_replay_verify_rowpass_kernel (variant 3) instead of gdn_replay_verify_stream_kernel.
-template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks, bool kRowPass = false>
+// src_t (kRowPass only): what the row loop streams (the checkpoint, or an fp32 checkpoint's bf16 view).
+template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks, bool kRowPass = false,
+          typename src_t = ckpt_t>
 void launch_gdn_replay_verify_stream(const GdnReplayParams& p, cudaStream_t stream) {
+  static_assert(kRowPass || std::is_same_v<src_t, ckpt_t>, "the numerical split is the row-pass kernel's");
   constexpr int kThreads = 128;
-  using Layout = RowLayout<ckpt_t, kK, kThreads, 1, kLanes>;
+  using Layout = RowLayout<src_t, kK, kThreads, 1, kLanes>;
   const GdnReplayCacheParams& c = p.cache;
   if (p.ntokens > kGdnMaxT) throw std::invalid_argument("replayssm: the CUDA gdn_replay_verify takes at most 16 tokens per row");
   const int ratio = p.nheads / p.nkheads, V = p.vdim, group_rows = ratio * V;
@@ -1518,8 +1614,10 @@ void launch_gdn_replay_verify_stream(const GdnReplayParams& p, cudaStream_t stre
                      p.v_batch_stride % kV == 0 && p.v_token_stride % kV == 0;
   const dim3 grid(chunks, p.nkheads, p.batch);
   if constexpr (kRowPass) {
-    const bool flat = c.ckpt_head_stride == int64_t(V) * c.ckpt_row_stride;  // a block's rows one stride apart
-    auto kernel = gdn_replay_verify_rowpass_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
+    // a block's streamed rows one stride apart
+    const bool flat = std::is_same_v<src_t, ckpt_t> ? c.ckpt_head_stride == int64_t(V) * c.ckpt_row_stride
+                                                    : c.view_head_stride == int64_t(V) * c.view_row_stride;
+    auto kernel = gdn_replay_verify_rowpass_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, src_t>;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
     kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec_u, vec_k, vec_v, flat);
   } else {
@@ -1534,6 +1632,27 @@ template <DType kCkpt>
 void gdn_replay_verify_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream) {
   using ckpt_t = typename CudaType<kCkpt>::type;
   if (p.ntokens > kGdnMaxT) throw std::invalid_argument("replayssm: the CUDA gdn_replay_verify takes at most 16 tokens per row");
+  const GdnReplayCacheParams& c = p.cache;
+  if (c.view != nullptr || c.sr_seed != nullptr || c.fold_count != nullptr) {
+    // The numerical split: the row-pass kernel (not yet run on a GPU), whatever gdn_verify_variant says; the view
+    // only of an fp32 checkpoint (its bf16 view streamed), stochastic rounding only of a 16-bit one (ops.cpp).
+    RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
+      RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
+        using act_t = typename CudaType<kAct>::type;
+        if constexpr (kCkpt == DType::kFloat32) {
+          using view_t = __nv_bfloat16;
+          if (c.view == nullptr)
+            throw std::invalid_argument("replayssm: on CUDA a GDN fold counter (fold_count) comes with an output view or a bf16/fp16 checkpoint");
+          return launch_gdn_replay_verify_stream<float, act_t, kK, 3, GdnStepLanes<view_t, kK>::value, 3, true, view_t>(p, stream);
+        } else {
+          if (c.view != nullptr) throw std::invalid_argument("replayssm: on CUDA the GDN output view must be of an fp32 checkpoint");
+          // (variant 3's instantiation for a 16-bit checkpoint)
+          return launch_gdn_replay_verify_stream<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3, true>(p, stream);
+        }
+      });
+    });
+    return;
+  }
   const int variant = tune_knob("gdn_verify_variant");
   if (variant >= 1 && variant <= 4) {  // the streaming kernel (1, 2) and the row-pass kernel (3, 4; not yet run on a GPU)
     RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {

@@ -249,10 +249,8 @@ void gdn_replay_verify(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor r
                        const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids, const OptTensor& num_tokens,
                        Tensor out, const OptTensor& pending, const OptTensor& arrivals, const OptTensor& view,
                        const OptTensor& sr_seed, const OptTensor& fold_count) {
-  // The CPU verify takes the numerical split (early folds store as the step's folds do); the CUDA verify kernels
-  // do not yet.
-  TORCH_CHECK_VALUE(!checkpoint.is_cuda() || !(view || sr_seed || fold_count),
-                    "replayssm: gdn_replay_verify on CUDA does not take caches with an output view or stochastic rounding yet");
+  // The numerical split (early folds store as the step's folds do): on CUDA the row-pass verify kernel takes it
+  // (gdn_replay_verify_cuda_for_ckpt routes split caches there; not yet run on a GPU), with the step's checks.
   if (arrivals) {
     check_shape(*arrivals, "arrivals", {checkpoint.size(0)});
     check_dtype(*arrivals, "arrivals", at::kInt);
