@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <type_traits>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -54,24 +55,14 @@ template <typename T, int kCount>
 __device__ __forceinline__ void load_shared_vec(const T* p, float (&out)[kCount]) {
   constexpr int kBytes = kCount * int(sizeof(T));
   static_assert(kBytes % 8 == 0, "whole 8-byte words");
-  if constexpr (kBytes % 16 == 0) {
-    constexpr int kPer = 16 / sizeof(T);
+  using Word = std::conditional_t<kBytes % 16 == 0, uint4, uint2>;  // the widest load the alignment allows
+  constexpr int kPer = int(sizeof(Word) / sizeof(T));
 #pragma unroll
-    for (int q = 0; q < kBytes / 16; ++q) {
-      const uint4 raw = reinterpret_cast<const uint4*>(p)[q];
-      const T* elems = reinterpret_cast<const T*>(&raw);
+  for (int q = 0; q < kBytes / int(sizeof(Word)); ++q) {
+    const Word raw = reinterpret_cast<const Word*>(p)[q];
+    const T* elems = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-      for (int e = 0; e < kPer; ++e) out[q * kPer + e] = to_float(elems[e]);
-    }
-  } else {
-    constexpr int kPer = 8 / sizeof(T);
-#pragma unroll
-    for (int q = 0; q < kBytes / 8; ++q) {
-      const uint2 raw = reinterpret_cast<const uint2*>(p)[q];
-      const T* elems = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) out[q * kPer + e] = to_float(elems[e]);
-    }
+    for (int e = 0; e < kPer; ++e) out[q * kPer + e] = to_float(elems[e]);
   }
 }
 

@@ -12,7 +12,7 @@
 // the fp32 master and write master and view.
 // kLean (REPLAYSSM_TUNE stream_lean=1; session 4, not yet run on a GPU): fewer instructions per row for the
 // same work. ncu of the plain kernel at batch 256 (2026-11-29) counted ~470 warp instructions per row iteration
-// where the arithmetic needs ~100: ~48 went to the cp.async issue (64-bit row addresses from (head, p) each
+// where the arithmetic needs ~100 (an estimate): ~48 went to the cp.async issue (64-bit row addresses from (head, p) each
 // iteration), ~22 to the output's address, ~83 to folds (scalar 2-byte loads of B_j per column). kLean forms
 // the streamed row's address as a 32-bit offset from a per-lane base (the launcher checks it fits), the output's
 // likewise, reads B_j at folds in 8/16-byte vectors, and forms the block scalars in parallel (below).

@@ -59,7 +59,7 @@ struct VerifySmem {  // byte offsets, each section 16-byte aligned
 };
 
 // Instruction count is what limits this kernel (ncu at batch 256, T = 4, 2026-11-29: 4.4e8 warp instructions,
-// ~840 per warp per row iteration, DRAM 1/4 busy), so the row loop does only what needs the row: the ring's
+// ~840 per warp per row iteration where the arithmetic needs ~120 by my count, DRAM 1/4 busy), so the row loop does only what needs the row: the ring's
 // part of the outputs is formed once per row before it (a thread per row, no reductions), and the T dots
 // with C run kTok at a time, reduced with one reduce-scatter over the row's lanes (kTok sums in log2(kLanes)
 // + kTok - 1 shuffles instead of kTok * log2(kLanes)).
