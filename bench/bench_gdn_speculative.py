@@ -78,9 +78,8 @@ def replay_step_us(batch, L, shape, gen) -> float:
     return bg.bench_batch(batch, L, shape, None, gen)["replay_us"]
 
 
-# --tune: the streaming kernel (1), the row-pass kernel (3: 256 rows per block at 3 blocks/SM; also at 128 rows; 4: 4
-# blocks/SM, 128 rows at T <= 4), csrc/gdn/kernels.cuh.
-TUNES = ["gdn_verify_variant=1", "gdn_verify_variant=3", "gdn_verify_variant=3,gdn_verify_rows=128", "gdn_verify_variant=4"]
+# --tune: rows per block (the default: a key head's 256 at large batch), csrc/gdn/kernels.cuh.
+TUNES = ["gdn_verify_rows=128", "gdn_verify_rows=64"]
 GDN = spec.Kind("gdn", (32, 16, 128, 128), (4, 2, 16, 8), lambda s: s[0] * s[2] * s[3] * 4, Layer, window, verify_step,
                 baseline_step, analytic_bytes, replay_step_us, TUNES, "gdn_speculative.json")
 

@@ -191,18 +191,12 @@ def test_cuda_launch_configurations_match_the_delta_rule(monkeypatch, tune):
     assert torch.equal(cache.checkpoint[slots[3]].cpu(), init[slots[3]])
 
 
-# CUDA verify launch configurations (REPLAYSSM_TUNE): gdn_verify_variant=1/2 is the streaming kernel and 3/4 the
-# row-pass kernel, whose gdn_verify_rows count rows of a key head's value heads (the default kernel's, rows of one
-# value head).
+# CUDA verify launch configurations (REPLAYSSM_TUNE): gdn_verify_rows counts rows of a key head's value heads per
+# block. K = 16: one lane per row, the reduce-scatter in rounds of one sum.
 VERIFY_TUNES = {
     "default": "",
-    "rows-over-blocks": "gdn_verify_rows=3",
-    "stream": "gdn_verify_variant=1",
-    "stream-rows-over-blocks": "gdn_verify_variant=1,gdn_verify_rows=3",  # blocks straddle value heads
-    "stream-rows-12": "gdn_verify_variant=1,gdn_verify_rows=12",
-    "rowpass": "gdn_verify_variant=3",  # K = 16: one lane per row, the reduce-scatter in rounds of one sum
-    "rowpass-rows-over-blocks": "gdn_verify_variant=3,gdn_verify_rows=3",
-    "rowpass-rows-12": "gdn_verify_variant=3,gdn_verify_rows=12",
+    "rows-over-blocks": "gdn_verify_rows=3",  # blocks straddle value heads
+    "rows-12": "gdn_verify_rows=12",
 }
 
 
@@ -210,8 +204,7 @@ VERIFY_TUNES = {
 def test_verify_commit_property_over_many_steps(device, tune, monkeypatch):
     """Random windows and accepted counts with early folds: every tentative output and every committed state
     equals the float64 delta rule over the accepted tokens; the checkpoint is written only when a window did
-    not fit. On CUDA also with a value head's rows split over several blocks and with the streaming kernel
-    (REPLAYSSM_TUNE)."""
+    not fit. On CUDA also with a key head's rows split over blocks in other ways (REPLAYSSM_TUNE)."""
     needs_kernel(device, "gdn_replay_verify")
     if tune and device != "cuda":
         pytest.skip("a CUDA launch configuration")
@@ -259,22 +252,13 @@ def test_verify_commit_property_over_many_steps(device, tune, monkeypatch):
     assert folds > 5
 
 
-# The verify kernels at the benchmark's shape per head (K = V = 128, fp32 checkpoint, bf16 activations).
+# The verify kernel at the benchmark's shape per head (K = V = 128, fp32 checkpoint, bf16 activations).
 VERIFY_TUNES_K128 = {
-    "default": "",
-    "rows-over-blocks": "gdn_verify_rows=48",
-    "stream": "gdn_verify_variant=1",  # default split: 16 rows per block at this batch
-    "stream-rows-96": "gdn_verify_variant=1,gdn_verify_rows=96",  # a block straddles two value heads; a partial last block
-    "stream-rows-30": "gdn_verify_variant=1,gdn_verify_rows=30",  # partial row iterations, scalar tile copies
-    "stream-whole-key-head": "gdn_verify_variant=1,gdn_verify_rows=256",  # one block per (row, key head)
-    "stream-4-stages": "gdn_verify_variant=2",
-    "stream-4-stages-rows-64": "gdn_verify_variant=2,gdn_verify_rows=64",
-    "rowpass": "gdn_verify_variant=3",  # default split: 16 rows per block at this batch
-    "rowpass-rows-96": "gdn_verify_variant=3,gdn_verify_rows=96",
-    "rowpass-rows-30": "gdn_verify_variant=3,gdn_verify_rows=30",  # partial row iterations, scalar ring-u tile
-    "rowpass-whole-key-head": "gdn_verify_variant=3,gdn_verify_rows=256",  # two row passes per thread
-    "rowpass-4-blocks": "gdn_verify_variant=4",
-    "rowpass-4-blocks-rows-256": "gdn_verify_variant=4,gdn_verify_rows=256",
+    "default": "",  # 16 rows per block at this batch
+    "rows-48": "gdn_verify_rows=48",
+    "rows-96": "gdn_verify_rows=96",  # a block straddles two value heads; a partial last block
+    "rows-30": "gdn_verify_rows=30",  # partial row iterations, scalar ring-u tile
+    "whole-key-head": "gdn_verify_rows=256",  # two row passes per thread
 }
 
 
@@ -282,14 +266,14 @@ VERIFY_TUNES_K128 = {
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("tune", list(VERIFY_TUNES_K128.values()), ids=list(VERIFY_TUNES_K128))
 def test_cuda_verify_launch_configurations_match_the_delta_rule(monkeypatch, tune):
-    """gdn_replay_verify + commit at K = V = 128 with bf16 activations under forced launch configurations (both
-    kernels; a head's rows over several blocks, blocks straddling value heads, partial iterations): random windows
+    """gdn_replay_verify + commit at K = V = 128 with bf16 activations under forced launch configurations (a key
+    head's rows over several blocks, blocks straddling value heads, partial iterations): random windows
     (num_tokens 1..T), random accepted counts, early folds and a pad row. Every tentative output against the float64
     delta rule; the checkpoint written exactly when a window did not fit; cursors, pending counts and arrival
     counters as the protocol leaves them; the committed states (gdn_replay_state) against the reference."""
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     gen = make_gen()
-    HV, H, K, V, history, T = 4, 2, 128, 128, 5, 6  # T = 6: two chunks of the streaming kernel's 4 tokens
+    HV, H, K, V, history, T = 4, 2, 128, 128, 5, 6  # T = 6: a chunk of 4 tokens, then one of 2
     L = history + T
     layer = GdnLayer(HV, H, K, V, "cuda", gen)
     batch, num_slots = 4, 5
@@ -343,7 +327,7 @@ def test_cuda_verify_launch_configurations_match_the_delta_rule(monkeypatch, tun
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("tune", ["", "gdn_verify_variant=1", "gdn_verify_variant=3"], ids=["default", "stream", "rowpass"])
+@pytest.mark.parametrize("tune", ["", "gdn_verify_rows=96"], ids=["default", "rows-96"])
 def test_cuda_verify_on_a_strided_checkpoint_equals_the_contiguous_one(monkeypatch, tune):
     """A checkpoint whose value heads are not V rows apart (a slice of a pool with spare rows per head: the row-pass
     kernel then addresses a row by (value head, row) instead of one multiply) gives, bit for bit, the outputs, ring,
@@ -440,16 +424,13 @@ def load_fla():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("tune", ["", "gdn_verify_variant=1", "gdn_verify_variant=3"],
-                         ids=["default", "stream-verify", "rowpass-verify"])
-def test_cuda_kernels_match_fla(monkeypatch, tune):
+def test_cuda_kernels_match_fla():
     """gdn_step over T tokens, and gdn_replay_verify over the same T tokens at once, against fla's fused recurrent
     and chunked kernels on the same bf16 inputs (g and beta formed outside, as the model does): the same outputs
     to bf16 accuracy and the same final state to fp32 accuracy (fla's chunked form rounds more)."""
     fla = load_fla()
     if fla is None:
         pytest.skip("fla is not available (third_party/get_baselines.sh fetches it)")
-    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     fused, chunk = fla
     gen = make_gen()
     B, T, HV, H, K, V = 3, 8, 8, 4, 128, 128

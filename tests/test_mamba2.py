@@ -123,10 +123,11 @@ def test_shapes_that_are_not_tile_multiples(device, shape):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("act_dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("state_dtype", DTYPES, ids=str)
-def test_cuda_lean_stream_matches_reference(monkeypatch, act_dtype, state_dtype):
-    """The replay kernel's stream_lean variant (32-bit row and output offsets, vector loads of B at folds): the
-    same checks as the default across dtypes and folds, and on shapes that are not tile multiples."""
-    monkeypatch.setenv("REPLAYSSM_TUNE", "stream_lean=1")
+def test_cuda_wide_offset_stream_matches_reference(monkeypatch, act_dtype, state_dtype):
+    """The replay kernel's 64-bit addressing path (stream_lean=0; what a cache whose offsets within a group pass
+    32 bits takes; the default forms them as 32-bit offsets): the same checks as the default across dtypes and
+    folds, and on shapes that are not tile multiples."""
+    monkeypatch.setenv("REPLAYSSM_TUNE", "stream_lean=0")
     test_replay_and_standard_match_reference_across_folds("cuda", act_dtype, state_dtype)
     if act_dtype == torch.bfloat16 and state_dtype == torch.float32:
         for shape in (dict(H=24, P=32, N=64, G=3), dict(H=6, P=20, N=16, G=1), dict(H=4, P=8, N=256, G=4)):
@@ -137,7 +138,7 @@ def test_cuda_lean_stream_matches_reference(monkeypatch, act_dtype, state_dtype)
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("tune", ["replay_rows=32", "replay_rows=64,replay_prefetch=1", "replay_prefetch=1",
                                   "replay_prefetch=0", "replay_rows=96", "replay_rows=96,replay_prefetch=0",
-                                  "stream_lean=1", "stream_lean=1,replay_rows=96",
+                                  "stream_lean=0", "stream_lean=0,replay_rows=96",
                                   "step_unroll=1", "step_unroll=2", "step_unroll=8,step_bps=2"])
 def test_cuda_replay_launch_configurations(monkeypatch, tune):
     """The replay kernel's launch configurations: many blocks per slot (each counting in on the arrival counter),

@@ -142,7 +142,7 @@ def test_verify_with_the_numerical_split():
 @pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("N", [16, 128, 256])
 @pytest.mark.parametrize("mode", ["view", "stochastic"])
-@pytest.mark.parametrize("tune", ["", "replay_prefetch=0,replay_rows=48", "stream_lean=1", "stream_lean=1,replay_rows=48"],
+@pytest.mark.parametrize("tune", ["", "replay_prefetch=0,replay_rows=48", "stream_lean=0", "stream_lean=0,replay_rows=48"],
                          ids=lambda t: t or "default")
 def test_cuda_numerical_split_matches_cpu(monkeypatch, tune, mode, N, act_dtype):
     """The CUDA replay step with a bf16 view (fp32 master) or with stochastic rounding at folds (bf16 checkpoint)
@@ -156,9 +156,19 @@ def test_cuda_numerical_split_matches_cpu(monkeypatch, tune, mode, N, act_dtype)
     split_matches_cpu(mode, N, act_dtype)
 
 
-def split_matches_cpu(mode, N, act_dtype):
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["view", "stochastic"])
+def test_cuda_numerical_split_at_512_rows_per_block_matches_cpu(monkeypatch, mode):
+    """As above with 512 rows per block (the default for a 16-bit streamed checkpoint or view at large batch),
+    blocks of 8 heads and a straddling one (P = 48), N = 128, bf16 activations."""
+    monkeypatch.setenv("REPLAYSSM_TUNE", "replay_rows=512")
+    split_matches_cpu(mode, 128, torch.bfloat16, H=24, P=48, G=1)
+
+
+def split_matches_cpu(mode, N, act_dtype, H=8, P=32, G=2):
     seed = torch.randint(0, 2**31 - 1, ()).item()
-    H, P, G, L, steps = 8, 32, 2, 4, 13
+    L, steps = 4, 13
     kw = dict(output_view=torch.bfloat16) if mode == "view" else dict(checkpoint_dtype=torch.bfloat16,
                                                                       rounding="stochastic", seed=11)
     init = torch.randn(2, H, P, N, generator=make_gen())
@@ -398,7 +408,7 @@ def test_cuda_gdn_numerical_split_matches_cpu(monkeypatch, tune, mode, K, V, act
         assert (diff[~same] <= bound[~same]).all(), (diff[~same] / bound[~same]).max()
 
 
-# The CUDA GDN verify with the split (the row-pass kernel, whatever gdn_verify_variant says) against the CPU one:
+# The CUDA GDN verify with the split against the CPU one:
 # the default split, and gdn_verify_rows forcing blocks that straddle value heads and end in partial row iterations.
 GDN_VERIFY_SPLIT_TUNES = {"default": "", "rows": "gdn_verify_rows={rows}"}
 

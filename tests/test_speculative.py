@@ -63,7 +63,7 @@ def test_verify_commit_property_over_many_steps(device):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("tune", ["verify_rows=32", "verify_rows=64", "", "stream_lean=1", "stream_lean=1,verify_rows=32"])
+@pytest.mark.parametrize("tune", ["verify_rows=32", "verify_rows=64", "", "stream_lean=0", "stream_lean=0,verify_rows=32"])
 def test_cuda_verify_launch_configurations(monkeypatch, tune):
     """The verify kernel with several blocks per (slot, group), heads straddling blocks (P = 24), N = 128:
     the same property as above."""
@@ -367,7 +367,7 @@ def split_verify_run(device, mode, N, act_dtype, seed, H=8, P=24, G=2, L=7, T=4,
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("tune", ["", "verify_rows=32", "stream_lean=1,verify_rows=32"])
+@pytest.mark.parametrize("tune", ["", "verify_rows=32", "stream_lean=0,verify_rows=32"])
 @pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("N", [16, 128, 256])
 @pytest.mark.parametrize("mode", ["view", "stochastic"])

@@ -126,6 +126,15 @@ inline int max_smem_per_block() {
   return bytes;
 }
 
+// The current device's shared memory per SM (occupancy: blocks per SM times their bytes plus 1 KiB each, the
+// driver's reserve, must fit it).
+inline int smem_per_sm() {
+  int device = 0, bytes = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "cudaDeviceGetAttribute");
+  return bytes;
+}
+
 // Launch-configuration overrides for benchmarking alternatives in one run (bench/): REPLAYSSM_TUNE holds
 // "key=value,..." pairs; the value of `key`, or -1 when it is not set. Read at each launch (cheap next to
 // the dispatcher; graphs capture the configuration in force when they were captured). Not for production

@@ -11,23 +11,14 @@
 //   through a cp.async staging ring of kStages stages in shared memory; the ring u/k/g, v_t and the normalised
 //   q/k are staged into shared memory in the prologue, the block scalars (k_j . k_t, k_j . q_t, the decays)
 //   computed once per block. A slot's blocks count in on the cache's arrival counter once all their threads have
-//   read the cursor; the slot's last block advances it (as the Mamba-2 replay step (mamba2_replay_step_kernel_v10) does). The numerical split
-//   (not yet run on a GPU): an fp32 checkpoint's bf16 view streamed instead of the checkpoint (folds read the
+//   read the cursor; the slot's last block advances it (as the Mamba-2 replay step (mamba2_replay_step_kernel_v10) does). The numerical split:
+//   an fp32 checkpoint's bf16 view streamed instead of the checkpoint (folds read the
 //   master and write master and view), stochastic rounding of a 16-bit checkpoint at folds.
-// * gdn_replay_verify_kernel (the default): first version (plain loads, no pipeline), its rows split over blocks
-//   when batch * HV is small. Tested on an H200.
-// * gdn_replay_verify_stream_kernel (gdn_verify_variant=1 or 2; tested on an H200: 594 against the default's 779 us
-//   at batch 256, T = 4, bench/results/gdn_speculative.json): the replay step's streaming structure for the T-token
-//   window: grid (row chunks of a key head's value heads, H, batch), checkpoint rows through the cp.async staging
-//   ring, window q/k/v/g and the committed ring staged in shared memory, the block's dots and decay weights formed
-//   once, a row's tokens in chunks of four whose row sums run side by side, then the forward substitution in
-//   registers; arrival counter as the default kernel.
-// * gdn_replay_verify_rowpass_kernel (gdn_verify_variant=3 or 4; not yet run on a GPU): the streaming kernel's grid
-//   with the row loop cut to the 2 T dots per row (reduce-scattered into a shared table), everything else a row
-//   needs in a pass a thread per row after the loop, the block scalars parallel, and a key head's 256 rows in one
-//   block (the committed ring k is not staged). It also takes the numerical split (not yet run on a GPU; split
-//   caches go to it whatever gdn_verify_variant says): an fp32 checkpoint's bf16 view streamed, an early fold from
-//   the master writing master and view; stochastic rounding of a 16-bit checkpoint at early folds.
+// * gdn_replay_verify_rowpass_kernel: the replay step's grid and staging for the T-token window, the row loop cut
+//   to the 2 T dots per row (reduce-scattered into a shared table), everything else a row needs in a pass a thread
+//   per row after the loop, the block scalars formed in parallel, and a key head's 256 rows in one block. It also
+//   takes the numerical split: an fp32 checkpoint's bf16 view streamed, an early fold from the master writing
+//   master and view; stochastic rounding of a 16-bit checkpoint at early folds.
 // * gdn_replay_state_kernel: a block per (value head, row), not a hot path.
 //
 // Launch-configuration knobs (REPLAYSSM_TUNE="key=value,...", common/cuda_utils.cuh; read at every launch; the
@@ -42,12 +33,7 @@
 //   gdn_replay_bps     blocks per SM the row split aims at (default 12: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
-//   gdn_verify_variant 0 (default): gdn_replay_verify_kernel; 1: the streaming kernel (any shape: 3 stages, 16 columns
-//                      per lane, 3 blocks/SM); 2: the streaming kernel with 4 stages (fp32/bf16/K=128 only, else as 1);
-//                      3: the row-pass kernel (any shape: 3 stages, 16 columns per lane, 3 blocks/SM); 4: the row-pass
-//                      kernel at 4 blocks/SM (128 registers; fp32/bf16/K=128 only, else as 3)
-//   gdn_verify_rows    rows per gdn_replay_verify block (forced; any value >= 1): rows of a value head for the default
-//                      kernel, rows of a key head's value heads (HV/H * V) for the streaming and row-pass kernels
+//   gdn_verify_rows    rows of a key head's value heads (HV/H * V) per gdn_replay_verify block (forced; any value >= 1)
 #pragma once
 
 #include <algorithm>
@@ -244,7 +230,7 @@ struct GdnReplaySmem {
 // * The cursor: each block counts itself in on the slot's arrival counter once all its threads have read the
 //   cursor; the slot's last block to arrive returns the counter to zero and advances the cursor.
 // * The numerical split (MATH.md; replay_token in cpu.cpp is the semantics; written as mamba2_replay_step_kernel_v10
-//   does it, not yet run on a GPU): src_t is what the row loop streams, the checkpoint itself (src_t == ckpt_t) or its
+//   does it): src_t is what the row loop streams, the checkpoint itself (src_t == ckpt_t) or its
 //   bf16 view (an fp32 checkpoint's), which then serves S_c k as well as S_c q; a fold reads the fp32 master row
 //   (streaming loads) and writes the master and the view (rounded to nearest) of the same values. A 16-bit
 //   checkpoint with sr_seed is rounded stochastically at folds: Philox keyed by the slot's seed, counter (element
@@ -547,199 +533,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 }
 // Speculative verification (MATH.md, "Verifying T tokens at once"; replay_cpu(verify=true) in cpu.cpp): early
 // fold when cursor + T > ring_len; the T corrections of the window depend on each other through the
-// lower-triangular system, solved here by forward substitution row by row: each state row's u_t[r] needs only
-// the same row's earlier u. Grid (row chunks of V, HV, batch): a block reads the committed ring (k of its key head,
-// g of its value head, u of its rows), counts in on the arrival counter, and streams its checkpoint rows once
-// (folding them first when early). It appends its rows' u; the slot's last block to arrive appends the window's
-// normalised k of every key head and g of every value head (entries other blocks' committed ring may share: an
-// early fold overwrites them) and writes the cursor and the pending count.
+// lower-triangular system, solved by forward substitution row by row: each state row's u_t[r] needs only the same
+// row's earlier u. One kernel, gdn_replay_verify_rowpass_kernel below.
 constexpr int kGdnMaxT = 16;
 
-struct GdnVerifySmem {  // floats
-  int qn, kn, red, rk, ru, rg, gt, bt, W, dec, KK, KQ, kqt, wf, misc, total;
-  __host__ __device__ GdnVerifySmem(int K, int V, int L, int T, int threads) {
-    int o = 0;
-    qn = o, o += T * K;   // [t][n] window q_t (normalised, scaled)
-    kn = o, o += T * K;   // [t][n] window k_t (normalised)
-    red = o, o += 2 * threads / 32;
-    rk = o, o += L * K;   // [j][n] committed ring k_j
-    ru = o, o += L * V;   // [j][r] committed ring u_j
-    rg = o, o += L;       // [j] committed ring g_j
-    gt = o, o += T;       // [t] g_t
-    bt = o, o += T;       // [t] beta_t
-    W = o, o += T * L;    // [t][j] exp(g_{j+1} + ... + g_{p_t - 1}), j < p_t (p_t = base + t)
-    dec = o, o += T;      // [t] exp(g_0 + ... + g_{p_t - 1})
-    KK = o, o += T * L;   // [t][j] k_j . k_t
-    KQ = o, o += T * L;   // [t][j] k_j . q_t
-    kqt = o, o += T;      // [t] k_t . q_t
-    wf = o, o += L;       // [j] early fold: exp(g_{j+1} + ... + g_{w-1})
-    misc = o, o += 4;     // [0] early fold: exp(G_w)
-    total = o;
-  }
-};
-
-template <typename ckpt_t, typename act_t, int kK, int kThreads>
-__global__ void __launch_bounds__(kThreads) gdn_replay_verify_kernel(const GdnReplayParams p, const int rows_per_block) {
-  using Layout = RowLayout<ckpt_t, kK, kThreads, 1, ReplayLanes<ckpt_t, kK>::value>;
-  constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane;
-  const GdnReplayCacheParams& c = p.cache;
-  const int hv = blockIdx.y, b = blockIdx.z, L = c.ring_len, V = p.vdim, Tmax = p.ntokens, ratio = p.nheads / p.nkheads;
-  const int row_begin = blockIdx.x * rows_per_block, row_end = min(V, row_begin + rows_per_block), nrows = row_end - row_begin;
-  const int h = hv / ratio;
-  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
-  if (slot == kPadSlot) return;
-  RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_verify: slot_ids[%d] = %lld is out of range", b, (long long)slot);
-  const int T = p.num_tokens ? p.num_tokens[b] : Tmax;
-  RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "gdn_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
-  const int w0 = c.cursor[slot];
-  RSSM_DEVICE_CHECK(w0 >= 0 && w0 <= L, "gdn_replay_verify: cursor[%lld] = %d is outside [0, ring_len]", (long long)slot, w0);
-  const bool early = w0 + T > L;
-  const int base = early ? 0 : w0;  // ring position of window token 0
-  extern __shared__ float sm[];
-  const GdnVerifySmem off(kK, V, L, Tmax, kThreads);
-  float *qn = sm + off.qn, *kn = sm + off.kn, *rk = sm + off.rk, *ru = sm + off.ru, *rg = sm + off.rg, *gt = sm + off.gt,
-        *bt = sm + off.bt, *W = sm + off.W, *dec = sm + off.dec, *KK = sm + off.KK, *KQ = sm + off.KQ, *kqt = sm + off.kqt,
-        *wf = sm + off.wf, *misc = sm + off.misc;
-  const float* ring_k = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;
-  const float* ring_u = c.ring_u + slot * c.ring_u_slot_stride + hv * c.ring_u_head_stride;
-  const float* ring_g = c.ring_g + slot * c.ring_g_slot_stride + hv;
-  for (int idx = threadIdx.x; idx < w0 * kK; idx += kThreads) rk[idx] = ring_k[(idx / kK) * c.ring_k_pos_stride + idx % kK];
-  for (int idx = threadIdx.x; idx < w0 * nrows; idx += kThreads) {  // this block's rows of the ring u
-    const int j = idx / nrows, r = row_begin + idx % nrows;
-    ru[j * V + r] = ring_u[j * c.ring_u_pos_stride + r];
-  }
-  for (int j = threadIdx.x; j < w0; j += kThreads) rg[j] = ring_g[j * c.ring_g_pos_stride];
-  for (int t = 0; t < T; ++t) {  // two barriers each
-    float g, beta;
-    gdn_prepare_token<act_t, kK, kThreads>(p, b, t, hv, qn + t * kK, kn + t * kK, sm + off.red, g, beta);
-    if (threadIdx.x == 0) gt[t] = g, bt[t] = beta;
-  }
-  __syncthreads();  // every thread has read the cursor and the committed ring
-  int arrived = 0;
-  if (threadIdx.x == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
-
-  // ---- Scalars. Positions after the (early) fold: j < base committed, j >= base the window.
-  auto g_at = [&](int j) { return j < base ? rg[j] : gt[j - base]; };
-  auto k_at = [&](int j) { return j < base ? rk + j * kK : kn + (j - base) * kK; };
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int idx = warp; idx < T * (base + T); idx += kThreads / 32) {  // a warp per (t, j <= p_t)
-    const int t = idx / (base + T), j = idx % (base + T);
-    if (j > base + t) continue;
-    const float* kj = k_at(j);
-    float a = 0.f, q = 0.f;
-    for (int n = lane; n < kK; n += 32) a = fmaf(kj[n], kn[t * kK + n], a), q = fmaf(kj[n], qn[t * kK + n], q);
-    a = group_sum<32>(a), q = group_sum<32>(q);
-    if (lane == 0) {
-      if (j < base + t) KK[t * L + j] = a, KQ[t * L + j] = q;
-      else kqt[t] = q;
-    }
-  }
-  for (int idx = threadIdx.x; idx < T * (base + T); idx += kThreads) {  // a thread per (t, j < p_t): replay_decays' sums
-    const int t = idx / (base + T), j = idx % (base + T), pt = base + t;
-    if (j >= pt && !(j == 0 && pt == 0)) continue;
-    float suffix = 0.f;
-    for (int m = pt - 1; m > j; --m) suffix += g_at(m);
-    if (j < pt) W[t * L + j] = expf(suffix);
-    if (j == 0) dec[t] = pt == 0 ? 1.f : expf(suffix + g_at(0));
-  }
-  if (early) {
-    for (int j = threadIdx.x; j < w0; j += kThreads) {
-      float suffix = 0.f;
-      for (int m = w0 - 1; m > j; --m) suffix += rg[m];
-      wf[j] = expf(suffix);
-      if (j == 0) misc[0] = expf(suffix + rg[0]);
-    }
-  }
-  __syncthreads();
-
-  // ---- Rows: fold (early), then the window's corrections in order and the outputs.
-  const int lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
-  ckpt_t* S = static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(hv) * c.ckpt_head_stride;
-  const act_t* vin = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + hv * p.v_head_stride;
-  act_t* out = static_cast<act_t*>(p.out) + b * p.out_batch_stride + hv * p.out_head_stride;
-  float* ring_u_w = c.ring_u + slot * c.ring_u_slot_stride + hv * c.ring_u_head_stride;
-  for (int r0 = row_begin; r0 < row_end; r0 += Layout::kRowsPerIter) {
-    const int r = r0 + warp * Layout::kRowsPerWarp + row_in_warp;
-    const bool valid = r < row_end;
-    const int rr = valid ? r : row_begin;
-    ckpt_t* row = S + int64_t(rr) * c.ckpt_row_stride;
-    float s[kCols];
-    Layout::load_row(row, lane_in_row, valid, s);
-    if (early) {  // checkpoint <- state at the cursor, stored as the checkpoint stores it
-#pragma unroll
-      for (int col = 0; col < kCols; ++col) s[col] *= misc[0];
-      for (int j = 0; j < w0; ++j) {
-        const float wu = wf[j] * ru[j * V + rr];
-        Layout::axpy(wu, rk + j * kK, lane_in_row, s);
-      }
-#pragma unroll
-      for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
-      if (valid) Layout::store_row(row, lane_in_row, s);
-    }
-    float u[kGdnMaxT];
-#pragma unroll
-    for (int t = 0; t < kGdnMaxT; ++t) {
-      if (t >= T) break;
-      const float* kt = kn + t * kK;
-      const float* qt = qn + t * kK;
-      float Sk = 0.f, Sq = 0.f;  // this lane's part of S_c k_t, S_c q_t and of the committed ring terms
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-        for (int e = 0; e < Layout::kVec; ++e) {
-          const int col = Layout::col(lane_in_row, v, e);
-          Sk = fmaf(s[v * Layout::kVec + e], kt[col], Sk);
-          Sq = fmaf(s[v * Layout::kVec + e], qt[col], Sq);
-        }
-      Sk *= dec[t], Sq *= dec[t];
-      for (int j = lane_in_row; j < base; j += kLanes) {
-        const float wu = W[t * L + j] * ru[j * V + rr];
-        Sk = fmaf(wu, KK[t * L + j], Sk), Sq = fmaf(wu, KQ[t * L + j], Sq);
-      }
-      Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
-#pragma unroll
-      for (int t2 = 0; t2 < t; ++t2) {  // the window's earlier corrections of this row (forward substitution)
-        const float wu = W[t * L + base + t2] * u[t2];
-        Sk = fmaf(wu, KK[t * L + base + t2], Sk), Sq = fmaf(wu, KQ[t * L + base + t2], Sq);
-      }
-      const float alpha = expf(gt[t]);
-      const float vt = valid ? to_float(vin[int64_t(t) * p.v_token_stride + rr]) : 0.f;
-      u[t] = bt[t] * (vt - alpha * Sk);
-      if (valid && lane_in_row == 0) {
-        out[int64_t(t) * p.out_token_stride + r] = from_float<act_t>(alpha * Sq + u[t] * kqt[t]);
-        ring_u_w[(base + t) * c.ring_u_pos_stride + r] = u[t];
-      }
-    }
-  }
-  const int blocks_per_slot = gridDim.x * gridDim.y;
-  __shared__ int last_block;
-  if (threadIdx.x == 0) last_block = arrived == blocks_per_slot - 1;
-  __syncthreads();
-  if (last_block) {  // every block of the slot has read the committed ring: the window's k and g of every head
-    for (int idx = threadIdx.x; idx < T * p.nheads; idx += kThreads) {  // g_t as gdn_prepare_token forms it
-      const int t = idx / p.nheads, hw = idx % p.nheads;
-      const float g = gdn_log_decay(
-          to_float(static_cast<const act_t*>(p.a)[b * p.a_batch_stride + t * p.a_token_stride + hw * p.a_head_stride]),
-          p.dt_bias ? p.dt_bias[hw] : 0.f, p.A_log[hw]);
-      c.ring_g[slot * c.ring_g_slot_stride + (base + t) * c.ring_g_pos_stride + hw] = g;
-    }
-    for (int idx = warp; idx < T * p.nkheads; idx += kThreads / 32) {
-      const int t = idx / p.nkheads, hk = idx % p.nkheads;
-      const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + hk * p.k_head_stride;
-      const float kk = warp_sum_squares<act_t, kK>(k);
-      const float ks = p.l2norm ? 1.f / sqrtf(kk + kL2NormEps) : 1.f;
-      float* dst = c.ring_k + slot * c.ring_k_slot_stride + (base + t) * c.ring_k_pos_stride + hk * c.ring_k_head_stride;
-      for (int n = lane; n < kK; n += 32) dst[n] = to_float(k[n]) * ks;
-    }
-    if (threadIdx.x == 0) {
-      atomicSub(&c.arrivals[slot], blocks_per_slot);  // zero again for the next launch
-      if (early) c.cursor[slot] = 0;
-      if (c.pending) c.pending[slot] = T;
-    }
-  }
-}
-
-// The streaming verify kernels' window prologue (it needs no cursor): v of the block's rows for every window
+// The verify kernel's window prologue (it needs no cursor): v of the block's rows for every window
 // token into the tile vt ([t][row], cp.async when vec_v; the caller commits), q and k of every window token
 // normalised into qn and kn ([t][n]; a warp per vector, warp_sum_squares' bits), and g, alpha = exp(g), beta per
 // (value head of the block, token) into gt, al, bt ([head * head_stride + t]). All Tmax tokens: nothing waits for
@@ -803,314 +601,35 @@ __device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& 
   }
 }
 
-// Streaming verify (REPLAYSSM_TUNE gdn_verify_variant=1 or 2; the default is still gdn_replay_verify_kernel above):
-// the same semantics (replay_cpu(verify=true)), on the replay step's structure. Grid (row chunks of a key head's
-// value heads, H, batch): a block's rows are rows of the value heads of one key head (row R = value head R / V of
-// the key head, state row R % V), so the window's normalised q/k, the dots k_j . k_t, k_j . q_t and k_t . q_t are
-// formed once for every value head the block covers.
-// * The checkpoint rows stream through a cp.async staging ring of kStages stages (each thread copies and later
-//   reads only its own vectors); the first stages are issued as soon as the slot is known.
-// * Prologue, while they are in flight: the window's v of the block's rows (a tile), q and k of every window
-//   token normalised into shared memory (a warp per vector, warp_sum_squares' bits), g, alpha and beta per (value
-//   head, token); all Tmax tokens, so nothing waits for num_tokens. Then, with the cursor, the committed ring: u of
-//   the block's rows, k of the key head, g of its value heads (one cp.async group).
-// * Block scalars: the dots (a warp per (t, j <= p_t)), the decay weights and exp(G) per (value head, t) in
-//   replay_decays' order (the CPU's values), folded into the tables WK = W (k_j . k_t) and WQ = W (k_j . q_t).
-// * Per row: (early fold first: the row of the state at the cursor, rounded as stored, written back), then the
-//   window's tokens in chunks of four whose dot products S_c,i . k_t and S_c,i . q_t (k/q columns from shared
-//   memory, broadcast over the warp's rows) and committed-ring sums run side by side, their lane reductions
-//   independent; then the forward substitution over the chunk's tokens with the row's earlier corrections u
-//   (registers). Outputs and the row's u go straight to global memory.
-// * The block counts in on the slot's arrival counter once its committed-ring copies have landed; the slot's last
-//   block to arrive writes the window's k (every key head) and g (every value head), the pending count and, after
-//   an early fold, the cursor, as gdn_replay_verify_kernel does.
-struct GdnVerifyStreamSmem {  // byte offsets, each section 16-byte aligned
-  int ts;   // floats per ring-u tile row: rows rounded up to 32, plus the rows of a warp (conflict-free reads)
-  int vts;  // elements per v tile row: rows rounded up to 8
-  int staging, ru, rk, qn, kn, vt, gs, gt, bt, al, dec, WK, WQ, KK, KQ, kqt, wf, decf, flag, total;
-  __host__ __device__ GdnVerifyStreamSmem(int staging_bytes, int act_bytes, int rows, int rows_per_warp, int K, int L, int T,
-                                          int max_heads) {
-    auto up = [](int v) { return (v + 15) / 16 * 16; };
-    ts = (rows + 31) / 32 * 32 + (rows_per_warp >= 4 ? rows_per_warp % 32 : 4);
-    vts = (rows + 7) / 8 * 8;
-    int o = 0;
-    staging = o, o += up(staging_bytes);      // [stage][vec][thread] checkpoint vectors
-    ru = o, o += up(L * ts * 4);              // [j][row] committed ring u_j of the block's rows
-    rk = o, o += up(L * K * 4);               // [j][n] committed ring k_j of the key head
-    qn = o, o += up(T * K * 4);               // [t][n] window q_t, normalised and scaled
-    kn = o, o += up(T * K * 4);               // [t][n] window k_t, normalised
-    vt = o, o += up(T * vts * act_bytes);     // [t][row] window v_t (raw)
-    gs = o, o += up(max_heads * L * 4);       // [head][j] committed ring g_j
-    gt = o, o += up(max_heads * T * 4);       // [head][t] g_t
-    bt = o, o += up(max_heads * T * 4);       // [head][t] beta_t
-    al = o, o += up(max_heads * T * 4);       // [head][t] alpha_t = exp(g_t)
-    dec = o, o += up(max_heads * T * 4);      // [head][t] exp(g_0 + ... + g_{p_t - 1}) (p_t = base + t)
-    WK = o, o += up(max_heads * T * L * 4);   // [head][t][j] exp(g_{j+1} + ... + g_{p_t - 1}) (k_j . k_t), j < p_t
-    WQ = o, o += up(max_heads * T * L * 4);   // [head][t][j] exp(g_{j+1} + ... + g_{p_t - 1}) (k_j . q_t), j < p_t
-    KK = o, o += up(T * L * 4);               // [t][j] k_j . k_t
-    KQ = o, o += up(T * L * 4);               // [t][j] k_j . q_t
-    kqt = o, o += up(T * 4);                  // [t] k_t . q_t
-    wf = o, o += up(max_heads * L * 4);       // [head][j] early fold: exp(g_{j+1} + ... + g_{w-1})
-    decf = o, o += up(max_heads * 4);         // [head] early fold: exp(G_w)
-    flag = o, o += 16;                        // [0] this block arrived last
-    total = o;
-  }
-};
-
-template <typename ckpt_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
-    gdn_replay_verify_stream_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
-                                    const bool vec_k, const bool vec_v) {
-  using Layout = RowLayout<ckpt_t, kK, kThreads, 1, kLanesPerRow>;
-  constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
-  constexpr int kWarps = kThreads / 32;
-  constexpr int kChunk = 4;  // window tokens whose row sums run side by side
-  const GdnReplayCacheParams& c = p.cache;
-  const int b = blockIdx.z, h = blockIdx.y;  // h: the key head
-  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
-  if (slot == kPadSlot) return;
-  RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_verify: slot_ids[%d] = %lld is out of range", b, (long long)slot);
-  const int w0 = c.cursor[slot];  // in flight while the first loads are issued
-  const int T = p.num_tokens ? p.num_tokens[b] : p.ntokens;
-
-  const int ratio = p.nheads / p.nkheads, V = p.vdim, L = c.ring_len, Tmax = p.ntokens;
-  const int row_begin = blockIdx.x * rows_per_block;
-  const int row_end = min(ratio * V, row_begin + rows_per_block);
-  const int nrows = row_end - row_begin;
-  const int head_begin = row_begin / V;  // first value head of the block, within the key head's
-  const int nheads_block = (row_end - 1) / V - head_begin + 1;
-  const int hv0 = h * ratio + head_begin;  // its global index
-  const int n_iter = (nrows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
-  const int row0 = row_begin + warp * Layout::kRowsPerWarp + row_in_warp;  // this thread's row in iteration 0
-  ckpt_t* ckpt = static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(hv0) * c.ckpt_head_stride;
-  struct RowPos {  // row R of the block, as (R, value head within the block, state row)
-    int r, hl, i;
-  };
-  const RowPos pos0{row0, row0 / V - head_begin, row0 % V};
-  auto advance = [&](RowPos& q) {
-    q.r += Layout::kRowsPerIter;
-    q.i += Layout::kRowsPerIter;
-    while (q.i >= V) {
-      q.i -= V;
-      ++q.hl;
-    }
-  };
-  auto ckpt_row = [&](const RowPos& q) { return ckpt + q.hl * c.ckpt_head_stride + int64_t(q.i) * c.ckpt_row_stride; };
-
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const GdnVerifyStreamSmem off(kStages * kVecs * kThreads * 16, sizeof(act_t), rows_per_block, Layout::kRowsPerWarp, kK, L, Tmax,
-                                max_heads);
-  uint4* staging = reinterpret_cast<uint4*>(smem_raw + off.staging);
-  float* ru = reinterpret_cast<float*>(smem_raw + off.ru);
-  float* rk = reinterpret_cast<float*>(smem_raw + off.rk);
-  float* qn = reinterpret_cast<float*>(smem_raw + off.qn);
-  float* kn = reinterpret_cast<float*>(smem_raw + off.kn);
-  act_t* vt = reinterpret_cast<act_t*>(smem_raw + off.vt);
-  float* gs = reinterpret_cast<float*>(smem_raw + off.gs);
-  float* gt = reinterpret_cast<float*>(smem_raw + off.gt);
-  float* bt = reinterpret_cast<float*>(smem_raw + off.bt);
-  float* al = reinterpret_cast<float*>(smem_raw + off.al);
-  float* dec = reinterpret_cast<float*>(smem_raw + off.dec);
-  float* WK = reinterpret_cast<float*>(smem_raw + off.WK);
-  float* WQ = reinterpret_cast<float*>(smem_raw + off.WQ);
-  float* KK = reinterpret_cast<float*>(smem_raw + off.KK);
-  float* KQ = reinterpret_cast<float*>(smem_raw + off.KQ);
-  float* kqt = reinterpret_cast<float*>(smem_raw + off.kqt);
-  float* wf = reinterpret_cast<float*>(smem_raw + off.wf);
-  float* decf = reinterpret_cast<float*>(smem_raw + off.decf);
-  int* last_flag = reinterpret_cast<int*>(smem_raw + off.flag);
-  const int ts = off.ts, vts = off.vts;
-
-  RowPos copy_pos = pos0;
-  auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
-    if (it < n_iter && copy_pos.r < row_end) {
-      const ckpt_t* src = ckpt_row(copy_pos);
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-        cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
-    }
-    cp_async_commit();
-    advance(copy_pos);
-  };
-#pragma unroll
-  for (int it = 0; it < kStages - 1; ++it) issue(it);
-
-  // ---- Prologue, part 1 (no cursor needed): the window's v tile, normalised q and k, g / alpha / beta.
-  gdn_verify_stage_window<act_t, kK, kThreads>(p, b, h, hv0, nheads_block, row_begin, nrows, vt, vts, vec_v, qn, kn, gt, al, bt, Tmax);
-
-  // ---- Prologue, part 2: the committed ring (positions < cursor).
-  RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "gdn_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
-  RSSM_DEVICE_CHECK(w0 >= 0 && w0 <= L, "gdn_replay_verify: cursor[%lld] = %d is outside [0, ring_len]", (long long)slot, w0);
-  const bool early = w0 + T > L;    // fold the committed history first
-  const int base = early ? 0 : w0;  // ring position of window token 0
-  {
-    const float* ring_u = c.ring_u + slot * c.ring_u_slot_stride + int64_t(h) * ratio * c.ring_u_head_stride;
-    const float* ring_k = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;
-    const float* ring_g = c.ring_g + slot * c.ring_g_slot_stride + hv0;
-    copy_head_rows<float, kThreads>(ru, ts, ring_u, c.ring_u_pos_stride, c.ring_u_head_stride, V, row_begin, nrows, w0, vec_u);
-    copy_head_rows<float, kThreads>(rk, kK, ring_k, c.ring_k_pos_stride, 0, kK, 0, kK, w0, vec_k);
-    for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
-      const int hl = idx / w0, j = idx % w0;
-      gs[hl * L + j] = ring_g[j * c.ring_g_pos_stride + hl];
-    }
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();  // tiles and window written; every thread of the block has read the cursor and the committed ring
-  if (threadIdx.x == 0) *last_flag = atomicAdd(&c.arrivals[slot], 1) == int(gridDim.x * gridDim.y) - 1;
-
-  // ---- Block scalars. Positions after the (early) fold: j < base committed, j >= base the window.
-  const int P = base + T;
-  for (int idx = warp; idx < T * P; idx += kWarps) {  // a warp per (t, j <= p_t); j == p_t: k_t . q_t
-    const int t = idx / P, j = idx % P;
-    if (j > base + t) continue;
-    const float* kj = j < base ? rk + j * kK : kn + (j - base) * kK;
-    float a = 0.f, q = 0.f;
-    for (int n = lane; n < kK; n += 32) a = fmaf(kj[n], kn[t * kK + n], a), q = fmaf(kj[n], qn[t * kK + n], q);
-    a = group_sum<32>(a), q = group_sum<32>(q);
-    if (lane == 0) {
-      if (j < base + t) KK[t * L + j] = a, KQ[t * L + j] = q;
-      else kqt[t] = q;
-    }
-  }
-  for (int idx = threadIdx.x; idx < nheads_block * T; idx += kThreads) {  // a thread per (value head, t): replay_decays
-    const int hl = idx / T, t = idx % T;
-    dec[hl * Tmax + t] = replay_decays([&](int j) { return j < base ? gs[hl * L + j] : gt[hl * Tmax + j - base]; }, base + t - 1,
-                                       1.f, WK + (hl * Tmax + t) * L);
-  }
-  if (early)
-    for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads)
-      decf[hl] = replay_decays([&](int j) { return gs[hl * L + j]; }, w0 - 1, 1.f, wf + hl * L);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < nheads_block * T * P; idx += kThreads) {  // WK, WQ = weight x the dots
-    const int hl = idx / (T * P), rem = idx % (T * P), t = rem / P, j = rem % P;
-    if (j < base + t) {
-      const int e = (hl * Tmax + t) * L + j;
-      const float wgt = WK[e];
-      WK[e] = wgt * KK[t * L + j];
-      WQ[e] = wgt * KQ[t * L + j];
-    }
-  }
-  __syncthreads();
-
-  // ---- Stream the block's rows.
-  float* ring_u_w = c.ring_u + slot * c.ring_u_slot_stride + int64_t(hv0) * c.ring_u_head_stride;
-  act_t* out = static_cast<act_t*>(p.out) + b * p.out_batch_stride + int64_t(hv0) * p.out_head_stride;
-  RowPos pos = pos0;
-  for (int it = 0; it < n_iter; ++it) {
-    issue(it + kStages - 1);
-    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
-    const RowPos q = pos;
-    advance(pos);
-    const bool valid = q.r < row_end;
-    const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
-    float s[kCols];
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
-      const ckpt_t* elems = reinterpret_cast<const ckpt_t*>(&raw);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = valid ? to_float(elems[e]) : 0.f;
-    }
-    if (early) {  // checkpoint <- state at the cursor, stored as the checkpoint stores it
-      const float dcy = decf[hl];
-#pragma unroll
-      for (int col = 0; col < kCols; ++col) s[col] *= dcy;
-      for (int j = 0; j < w0; ++j) Layout::axpy(wf[hl * L + j] * ru[j * ts + rl], rk + j * kK, lane_in_row, s);
-#pragma unroll
-      for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<ckpt_t>(s[col]));
-      if (valid) Layout::store_row(ckpt_row(q), lane_in_row, s);
-    }
-    const float* WKh = WK + hl * Tmax * L;
-    const float* WQh = WQ + hl * Tmax * L;
-    const float* alh = al + hl * Tmax;
-    const float* bth = bt + hl * Tmax;
-    const float* dech = dec + hl * Tmax;
-    float u[kGdnMaxT];  // the row's corrections of the window so far (every lane of the row holds them)
-#pragma unroll
-    for (int t0 = 0; t0 < kGdnMaxT; t0 += kChunk) {
-      if (t0 < T) {  // uniform over the block
-        float ak[kChunk], aq[kChunk];  // this lane's parts of S_h k_t and S_h q_t (committed history)
-#pragma unroll
-        for (int cc = 0; cc < kChunk; ++cc) {
-          const int t = t0 + cc;
-          ak[cc] = 0.f, aq[cc] = 0.f;
-          if (t < T) {
-            const float* kt = kn + t * kK;
-            const float* qt = qn + t * kK;
-#pragma unroll
-            for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-              for (int e = 0; e < kVec; e += 4) {
-                const float4 kv4 = *reinterpret_cast<const float4*>(kt + Layout::col(lane_in_row, v, e));
-                const float4 qv4 = *reinterpret_cast<const float4*>(qt + Layout::col(lane_in_row, v, e));
-                const float* sv = s + v * kVec + e;
-                ak[cc] = fmaf(sv[0], kv4.x, ak[cc]), aq[cc] = fmaf(sv[0], qv4.x, aq[cc]);
-                ak[cc] = fmaf(sv[1], kv4.y, ak[cc]), aq[cc] = fmaf(sv[1], qv4.y, aq[cc]);
-                ak[cc] = fmaf(sv[2], kv4.z, ak[cc]), aq[cc] = fmaf(sv[2], qv4.z, aq[cc]);
-                ak[cc] = fmaf(sv[3], kv4.w, ak[cc]), aq[cc] = fmaf(sv[3], qv4.w, aq[cc]);
-              }
-            const float d = dech[t];
-            ak[cc] *= d, aq[cc] *= d;
-          }
-        }
-        for (int j = lane_in_row; j < base; j += kLanes) {  // committed ring positions: this lane's share
-          const float uj = ru[j * ts + rl];
-#pragma unroll
-          for (int cc = 0; cc < kChunk; ++cc) {
-            const int t = t0 + cc;
-            if (t < T) ak[cc] = fmaf(uj, WKh[t * L + j], ak[cc]), aq[cc] = fmaf(uj, WQh[t * L + j], aq[cc]);
-          }
-        }
-#pragma unroll
-        for (int cc = 0; cc < kChunk; ++cc) ak[cc] = group_sum<kLanes>(ak[cc]), aq[cc] = group_sum<kLanes>(aq[cc]);
-#pragma unroll
-        for (int cc = 0; cc < kChunk; ++cc) {  // forward substitution through the window's earlier corrections
-          const int t = t0 + cc;
-          if (t < T) {
-            float Sk = ak[cc], Sq = aq[cc];
-#pragma unroll
-            for (int t2 = 0; t2 < t; ++t2)
-              Sk = fmaf(u[t2], WKh[t * L + base + t2], Sk), Sq = fmaf(u[t2], WQh[t * L + base + t2], Sq);
-            const float alpha = alh[t];
-            u[t] = bth[t] * (to_float(vt[t * vts + rl]) - alpha * Sk);
-            if (valid && lane_in_row == 0) {
-              out[int64_t(t) * p.out_token_stride + q.hl * p.out_head_stride + q.i] = from_float<act_t>(alpha * Sq + u[t] * kqt[t]);
-              ring_u_w[(base + t) * c.ring_u_pos_stride + q.hl * c.ring_u_head_stride + q.i] = u[t];
-            }
-          }
-        }
-      }
-    }
-  }
-  cp_async_wait<0>();  // (only empty groups remain)
-  __syncthreads();
-  if (*last_flag) gdn_verify_append_window<act_t, kK, kThreads>(p, slot, b, base, T, early);
-}
-
-// Verify variant 3 (REPLAYSSM_TUNE gdn_verify_variant=3, or 4 with 4 blocks per SM; not yet run on a GPU): the
-// streaming kernel's grid, staging and semantics, with the instructions ncu found in it (bench/NOTES.md,
-// 2026-11-29: 622 warp instructions per 4 rows x 4 tokens in the row loop, ~1870 per warp in the prologue, two blocks
-// per key head repeating it) cut to what each part needs:
+// gdn_replay_verify_rowpass_kernel: grid (row chunks of a key head's value heads, H, batch), as the replay step's:
+// a block's rows are rows of the value heads of one key head (row R = value head R / V of the key head, state row
+// R % V), so the window's normalised q/k and the block scalars are formed once for every value head it covers; a
+// key head's 256 rows fit one block at three blocks per SM (T = 4, ring 32), so every (slot, key head) forms them
+// once. (It replaced two earlier kernels on 2026-12-01: 440-485 us against 757-784 and 587-632 at batch 256, T = 4;
+// bench/results/gdn_speculative.json.)
+// * The checkpoint rows (or an fp32 checkpoint's bf16 view) stream through a cp.async staging ring of kStages
+//   stages (each thread copies and later reads only its own vectors); the first stages are issued as soon as the
+//   slot is known. Prologue, while they are in flight: the window's v of the block's rows (a tile), q and k of every
+//   window token normalised into shared memory (warp_sum_squares' bits), g, alpha and beta per (value head, token),
+//   all Tmax tokens (nothing waits for num_tokens); then, with the cursor, u of the block's rows and g of its value
+//   heads from the committed ring (one cp.async group).
 // * The row loop only dots the streamed row with the window's k_t and q_t: 2 T sums per row, tokens in chunks of
 //   4 (then 2, 1: no work for tokens past T), each chunk's 2 kC sums reduce-scattered over the row's lanes in one
 //   pass (reduce_scatter, common/cuda_utils.cuh) and stored by the lane that ends with each, into the table `sums`
 //   ([2 t + (k: 0, q: 1)][row]).
 // * Everything a row needs besides those dots runs after the loop, a thread per row: exp(G) times the dots, the
 //   committed ring terms sum_j u_j[row] (w_j k_j . k_t) (one LDS and two 16-byte LDS per position for four
-//   tokens), the forward substitution, and coalesced stores of the outputs and the row's corrections (the
-//   streaming kernel had all kLanes lanes of a row repeat the substitution, and one lane per row store).
-// * Block scalars: k_j . k_t and k_j . q_t with 8 lanes per pair (a warp did one pair), the decay weights a thread
-//   per (value head, j, t) in replay_decays' order (the CPU's values; a thread per (value head, t) ran the serial
-//   chain), folded with the dots into WK, WQ ([head][j][t], t padded to 4: one 16-byte load per four tokens).
-// * Shared memory: the committed ring k is read from global memory where needed (dots; an early fold's row
-//   update), not staged, so that a key head's 256 rows fit one block at three blocks per SM (T = 4, ring 32):
-//   every (slot, key head) forms its scalars once.
-// * Protocol as the streaming kernel's, but a block that folds early counts in on the arrival counter only after
-//   its row loop (it reads the committed ring k from global memory there, and the slot's last block overwrites
-//   positions 0..T-1 of it); a block that does not fold reads only positions < cursor, which nobody writes.
+//   tokens), the forward substitution, and coalesced stores of the outputs and the row's corrections.
+// * Block scalars: k_j . k_t and k_j . q_t with 8 lanes per pair, the decay weights a thread per (value head, j, t)
+//   in replay_decays' order (the CPU's values), folded with the dots into WK, WQ ([head][j][t], t padded to 4: one
+//   16-byte load per four tokens). The committed ring k is read from global memory where needed (dots; an early
+//   fold's row update), not staged.
+// * Protocol: a block counts in on the slot's arrival counter once its committed-ring reads are done (a block that
+//   folds early only after its row loop: it reads the committed ring k from global memory there, and the slot's
+//   last block overwrites positions 0..T-1 of it; a block that does not fold reads only positions < cursor, which
+//   nobody writes). The slot's last block to arrive writes the window's k (every key head) and g (every value
+//   head), the pending count and, after an early fold, the cursor (gdn_verify_append_window). Rows' u and the
+//   outputs go straight to global memory.
 //   flat: the checkpoint's rows are contiguous over value heads (head stride V rows), so a row's address is one
 //   multiply.
 struct GdnVerifyPassSmem {  // byte offsets, each section 16-byte aligned
@@ -1188,7 +707,7 @@ __device__ __forceinline__ void gdn_verify_dots_chunk(const float (&s)[Layout::k
 }
 
 // The numerical split (MATH.md; replay_cpu(verify=true) in cpu.cpp is the semantics; written as the replay step
-// kernel does it, not yet run on a GPU): src_t is what the staging ring streams, the checkpoint (src_t == ckpt_t) or
+// kernel does it): src_t is what the staging ring streams, the checkpoint (src_t == ckpt_t) or
 // an fp32 checkpoint's bf16 view; an early fold forms the state from the fp32 master row (streaming loads), writes
 // the master and the view (rounded to nearest) of the same values, and the window's dots then use the view's values
 // (what served() reads on the CPU). A 16-bit checkpoint with sr_seed is rounded stochastically at an early fold
@@ -1544,13 +1063,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
 }
 
-inline int gdn_smem_per_sm() {
-  int device = 0, bytes = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "cudaDeviceGetAttribute");
-  return bytes;
-}
-
 // The device's opt-in shared-memory limit per block; a clear error when a shape needs more.
 inline void gdn_check_smem(int bytes, const GdnTokenParams& p, int ring_len, const char* op) {
   const int limit = max_smem_per_block();
@@ -1561,15 +1073,12 @@ inline void gdn_check_smem(int bytes, const GdnTokenParams& p, int ring_len, con
                                 " tokens; the device has " + std::to_string(limit));
 }
 
-// The streaming verify's launch: 128 threads; rows of a key head's value heads per block enough for ~4 waves of
+// The verify's launch: 128 threads; rows of a key head's value heads per block enough for ~4 waves of
 // kMinBlocks blocks per SM (each block repeats the window's prologue), at most the key head's rows, and few
 // enough that kMinBlocks blocks fit an SM's shared memory; gdn_verify_rows forces a value (any value >= 1).
-// kRowPass: gdn_replay_verify_rowpass_kernel (variant 3) instead of gdn_replay_verify_stream_kernel.
-// src_t (kRowPass only): what the row loop streams (the checkpoint, or an fp32 checkpoint's bf16 view).
-template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks, bool kRowPass = false,
-          typename src_t = ckpt_t>
-void launch_gdn_replay_verify_stream(const GdnReplayParams& p, cudaStream_t stream) {
-  static_assert(kRowPass || std::is_same_v<src_t, ckpt_t>, "the numerical split is the row-pass kernel's");
+// src_t: what the row loop streams (the checkpoint, or an fp32 checkpoint's bf16 view).
+template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks, typename src_t = ckpt_t>
+void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   constexpr int kThreads = 128;
   using Layout = RowLayout<src_t, kK, kThreads, 1, kLanes>;
   const GdnReplayCacheParams& c = p.cache;
@@ -1589,12 +1098,9 @@ void launch_gdn_replay_verify_stream(const GdnReplayParams& p, cudaStream_t stre
   auto heads_for = [&](int r) { return std::min((r + V - 1) / V + 1, ratio); };
   auto smem_for = [&](int r) {
     const int staging = kStages * Layout::kVecsPerLane * kThreads * 16;
-    if constexpr (kRowPass)
-      return GdnVerifyPassSmem(staging, sizeof(act_t), r, Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens, heads_for(r)).total;
-    else
-      return GdnVerifyStreamSmem(staging, sizeof(act_t), r, Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens, heads_for(r)).total;
+    return GdnVerifyPassSmem(staging, sizeof(act_t), r, Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens, heads_for(r)).total;
   };
-  const int smem_occupancy = gdn_smem_per_sm() / kMinBlocks - 1024;  // 1 KiB per block is the system's
+  const int smem_occupancy = smem_per_sm() / kMinBlocks - 1024;  // 1 KiB per block is the system's
   auto halve = [&](int limit) {
     while (smem_for(rows_per_block) > limit && rows_per_block > Layout::kRowsPerIter)
       rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
@@ -1613,18 +1119,12 @@ void launch_gdn_replay_verify_stream(const GdnReplayParams& p, cudaStream_t stre
   const bool vec_v = V % kV == 0 && rows_per_block % kV == 0 && aligned16(p.v) && p.v_head_stride == V &&
                      p.v_batch_stride % kV == 0 && p.v_token_stride % kV == 0;
   const dim3 grid(chunks, p.nkheads, p.batch);
-  if constexpr (kRowPass) {
-    // a block's streamed rows one stride apart
-    const bool flat = std::is_same_v<src_t, ckpt_t> ? c.ckpt_head_stride == int64_t(V) * c.ckpt_row_stride
-                                                    : c.view_head_stride == int64_t(V) * c.view_row_stride;
-    auto kernel = gdn_replay_verify_rowpass_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, src_t>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
-    kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec_u, vec_k, vec_v, flat);
-  } else {
-    auto kernel = gdn_replay_verify_stream_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
-    kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec_u, vec_k, vec_v);
-  }
+  // a block's streamed rows one stride apart
+  const bool flat = std::is_same_v<src_t, ckpt_t> ? c.ckpt_head_stride == int64_t(V) * c.ckpt_row_stride
+                                                  : c.view_head_stride == int64_t(V) * c.view_row_stride;
+  auto kernel = gdn_replay_verify_rowpass_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, src_t>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
+  kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec_u, vec_k, vec_v, flat);
   check_cuda(cudaGetLastError(), "gdn_replay_verify kernel launch");
 }
 
@@ -1633,64 +1133,22 @@ void gdn_replay_verify_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stre
   using ckpt_t = typename CudaType<kCkpt>::type;
   if (p.ntokens > kGdnMaxT) throw std::invalid_argument("replayssm: the CUDA gdn_replay_verify takes at most 16 tokens per row");
   const GdnReplayCacheParams& c = p.cache;
-  if (c.view != nullptr || c.sr_seed != nullptr || c.fold_count != nullptr) {
-    // The numerical split: the row-pass kernel (not yet run on a GPU), whatever gdn_verify_variant says; the view
-    // only of an fp32 checkpoint (its bf16 view streamed), stochastic rounding only of a 16-bit one (ops.cpp).
-    RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
-      RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
-        using act_t = typename CudaType<kAct>::type;
-        if constexpr (kCkpt == DType::kFloat32) {
-          using view_t = __nv_bfloat16;
-          if (c.view == nullptr)
-            throw std::invalid_argument("replayssm: on CUDA a GDN fold counter (fold_count) comes with an output view or a bf16/fp16 checkpoint");
-          return launch_gdn_replay_verify_stream<float, act_t, kK, 3, GdnStepLanes<view_t, kK>::value, 3, true, view_t>(p, stream);
-        } else {
-          if (c.view != nullptr) throw std::invalid_argument("replayssm: on CUDA the GDN output view must be of an fp32 checkpoint");
-          // (variant 3's instantiation for a 16-bit checkpoint)
-          return launch_gdn_replay_verify_stream<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3, true>(p, stream);
-        }
-      });
-    });
-    return;
-  }
-  const int variant = tune_knob("gdn_verify_variant");
-  if (variant >= 1 && variant <= 4) {  // the streaming kernel (1, 2) and the row-pass kernel (3, 4; not yet run on a GPU)
-    RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
-      RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
-        using act_t = typename CudaType<kAct>::type;
-        constexpr int kLanes = GdnStepLanes<ckpt_t, kK>::value;  // 16 columns per lane (fewer lanes when a row has fewer vectors)
-        if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128) {
-          if (variant == 2) return launch_gdn_replay_verify_stream<float, act_t, kK, 4, 8, 3>(p, stream);  // 4 stages
-          if (variant == 4) return launch_gdn_replay_verify_stream<float, act_t, kK, 3, 8, 4, true>(p, stream);  // 4 blocks/SM
-        }
-        // 3 stages, 3 blocks per SM.
-        if (variant >= 3) return launch_gdn_replay_verify_stream<ckpt_t, act_t, kK, 3, kLanes, 3, true>(p, stream);
-        return launch_gdn_replay_verify_stream<ckpt_t, act_t, kK, 3, kLanes, 3>(p, stream);
-      });
-    });
-    return;
-  }
+  // 3 stages, 16 columns per lane (fewer lanes when a row has fewer vectors), 3 blocks per SM. The numerical split:
+  // the view only of an fp32 checkpoint (its bf16 view streamed), stochastic rounding only of a 16-bit one (ops.cpp).
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
-      auto kernel = gdn_replay_verify_kernel<ckpt_t, typename CudaType<kAct>::type, kK, 128>;
-      const int smem = GdnVerifySmem(kK, p.vdim, p.cache.ring_len, p.ntokens, 128).total * int(sizeof(float));
-      gdn_check_smem(smem, p, p.cache.ring_len, "gdn_replay_verify");
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
-      // Rows of a head per block: split only as far as needed for ~2 blocks per SM (each block repeats the window's
-      // prologue), in whole row iterations; gdn_verify_rows forces a value.
-      using Layout = RowLayout<ckpt_t, kK, 128, 1, ReplayLanes<ckpt_t, kK>::value>;
-      int rows = tune_knob("gdn_verify_rows");
-      if (rows <= 0) {
-        const int64_t heads_total = int64_t(p.batch) * p.nheads;
-        const int max_chunks = (p.vdim + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
-        int chunks = static_cast<int>((int64_t(num_sms()) * 2 + heads_total - 1) / heads_total);
-        chunks = std::max(1, std::min(chunks, max_chunks));
-        rows = (p.vdim + chunks - 1) / chunks;
-        rows = (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter;
+      using act_t = typename CudaType<kAct>::type;
+      if (c.view != nullptr) {
+        if constexpr (kCkpt == DType::kFloat32) {
+          using view_t = __nv_bfloat16;
+          return launch_gdn_replay_verify<float, act_t, kK, 3, GdnStepLanes<view_t, kK>::value, 3, view_t>(p, stream);
+        } else {
+          throw std::invalid_argument("replayssm: on CUDA the GDN output view must be of an fp32 checkpoint");
+        }
       }
-      rows = std::min(rows, p.vdim);
-      kernel<<<dim3((p.vdim + rows - 1) / rows, p.nheads, p.batch), 128, smem, stream>>>(p, rows);
-      check_cuda(cudaGetLastError(), "gdn_replay_verify kernel launch");
+      if (kCkpt == DType::kFloat32 && (c.sr_seed != nullptr || c.fold_count != nullptr))
+        throw std::invalid_argument("replayssm: on CUDA a GDN fold counter (fold_count) comes with an output view or a bf16/fp16 checkpoint");
+      return launch_gdn_replay_verify<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3>(p, stream);
     });
   });
 }
@@ -1828,7 +1286,7 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
     return GdnReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kK, c.ring_len, heads_for(r)).total;
   };
   const int smem_limit = max_smem_per_block();
-  const int smem_occupancy = gdn_smem_per_sm() / kMinBlocks - 1024;  // 1 KiB per block is the system's
+  const int smem_occupancy = smem_per_sm() / kMinBlocks - 1024;  // 1 KiB per block is the system's
   auto halve = [&](int limit) {
     while (smem_for(rows_per_block) > limit && rows_per_block > Layout::kRowsPerIter)
       rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);

@@ -250,7 +250,7 @@ void gdn_replay_verify(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor r
                        Tensor out, const OptTensor& pending, const OptTensor& arrivals, const OptTensor& view,
                        const OptTensor& sr_seed, const OptTensor& fold_count) {
   // The numerical split (early folds store as the step's folds do): on CUDA the row-pass verify kernel takes it
-  // (gdn_replay_verify_cuda_for_ckpt routes split caches there; not yet run on a GPU), with the step's checks.
+  // (gdn_replay_verify_cuda_for_ckpt), with the step's checks.
   if (arrivals) {
     check_shape(*arrivals, "arrivals", {checkpoint.size(0)});
     check_dtype(*arrivals, "arrivals", at::kInt);

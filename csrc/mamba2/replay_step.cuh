@@ -10,12 +10,15 @@
 // 16-bit checkpoints with sr_seed, stochastically (the fold count read before the block counts in, incremented
 // by the last block). src_t == bf16: an fp32 checkpoint's output view, streamed for the outputs while folds read
 // the fp32 master and write master and view.
-// kLean (REPLAYSSM_TUNE stream_lean=1; session 4, not yet run on a GPU): fewer instructions per row for the
+// kLean (the default since 2026-12-01; REPLAYSSM_TUNE stream_lean=0, or offsets past 32 bits, take the 64-bit
+// path): fewer instructions per row for the
 // same work. ncu of the plain kernel at batch 256 (2026-11-29) counted ~470 warp instructions per row iteration
 // where the arithmetic needs ~100 (an estimate): ~48 went to the cp.async issue (64-bit row addresses from (head, p) each
 // iteration), ~22 to the output's address, ~83 to folds (scalar 2-byte loads of B_j per column). kLean forms
 // the streamed row's address as a 32-bit offset from a per-lane base (the launcher checks it fits), the output's
-// likewise, reads B_j at folds in 8/16-byte vectors, and forms the block scalars in parallel (below).
+// likewise, reads B_j at folds in 8/16-byte vectors, and forms the block scalars in parallel (below). Measured on
+// the H200 at 3114e59 (bench/results/mamba2_decode.json), batch 256: 325.6 us against 329.3 on an fp32
+// checkpoint, 279.7 against 296.8 on the view.
 template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, bool kLean = false>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel_v10(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
@@ -365,8 +368,10 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   using Layout = RowLayout<src_t, kN, kThreads, 1, ReplayLanes<src_t, kN>::value>;
   const Mamba2ReplayCacheParams& c = p.cache;
   // Rows of a group per block: enough blocks for ~4 waves of 3 blocks per SM (prologues overlap other
-  // blocks' streaming; the last wave is short), at most 256 rows (measured: 512 rows 5% slower at batch 128,
-  // the same at 256).
+  // blocks' streaming; the last wave is short), at most 128 KiB of streamed rows: 256 fp32 rows of N = 128
+  // (measured: 512 rows 5% slower at batch 128, 2% at 256), 512 bf16 ones (the view: 255.8 us against 279.7
+  // at batch 256, the same at 128; H200, 3114e59, bench/results/mamba2_decode.json), as each block repeats
+  // the prologue.
   const int group_rows = (p.nheads / p.ngroups) * p.headdim;
   const int64_t groups_total = int64_t(p.batch) * p.ngroups;
   const int64_t target_blocks = int64_t(num_sms()) * 12;
@@ -376,18 +381,17 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   rows = std::max<int64_t>(Layout::kRowsPerIter, (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
   // At most kThreads heads per block (the decays take a thread per head; a block that straddles heads holds one
   // more than rows / headdim).
-  int rows_per_block = static_cast<int>(std::min<int64_t>({rows, group_rows, forced_rows > 0 ? int64_t(1) << 20 : 256,
+  constexpr int kMaxRows = 128 * 1024 / (kN * int(sizeof(src_t)));
+  int rows_per_block = static_cast<int>(std::min<int64_t>({rows, group_rows, forced_rows > 0 ? int64_t(1) << 20 : std::max(kMaxRows, Layout::kRowsPerIter),
                                                           int64_t(kThreads - 1) * p.headdim}));
   auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
   auto smem_for = [&](int r) {
     return size_t(ReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kN, c.ring_len, heads_for(r)).total);
   };
-  static const size_t smem_limit = [] {
-    int device = 0, bytes = 0;
-    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-    check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
-    return size_t(bytes);
-  }();
+  const size_t smem_limit = size_t(max_smem_per_block());
+  // Past 256 rows only while three blocks still fit an SM's shared memory (long rings).
+  while (forced_rows <= 0 && rows_per_block > 256 && smem_for(rows_per_block) > size_t(smem_per_sm() / 3 - 1024))
+    rows_per_block = std::max(256, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
   while (smem_for(rows_per_block) > smem_limit && rows_per_block > Layout::kRowsPerIter)
     rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
   if (smem_for(rows_per_block) > smem_limit)
@@ -411,7 +415,7 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
   const bool offsets_fit = int64_t(p.nheads / p.ngroups) * head_stride + int64_t(p.headdim) * row_stride < (int64_t(1) << 31) &&
                            int64_t(p.nheads) * p.out_head_stride < (int64_t(1) << 31);
-  auto kernel = tune_knob("stream_lean") == 1 && offsets_fit
+  auto kernel = tune_knob("stream_lean") != 0 && offsets_fit
                     ? mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true>
                     : mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, false>;
   if (smem_bytes > 48 * 1024)

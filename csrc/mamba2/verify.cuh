@@ -63,7 +63,8 @@ struct VerifySmem {  // byte offsets, each section 16-byte aligned
 // part of the outputs is formed once per row before it (a thread per row, no reductions), and the T dots
 // with C run kTok at a time, reduced with one reduce-scatter over the row's lanes (kTok sums in log2(kLanes)
 // + kTok - 1 shuffles instead of kTok * log2(kLanes)).
-// kLean (REPLAYSSM_TUNE stream_lean=1; session 4, not yet run on a GPU), as in the replay step: the streamed
+// kLean (the default since 2026-12-01; REPLAYSSM_TUNE stream_lean=0, or offsets past 32 bits, take the 64-bit
+// path), as in the replay step: the streamed
 // row's and the outputs' addresses as 32-bit offsets from per-lane/per-block bases (ncu at batch 256, T = 4,
 // 2026-11-29: the cp.async issue ~10% of the instructions, the outputs' addresses ~6%), and no zeroing select
 // per element for the past-the-end rows of the last iteration (~7%: their sums stay within their own lanes'
@@ -479,10 +480,7 @@ void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t
     return VerifySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kN, c.ring_len, p.ntokens, heads_for(r)).total;
   };
   const int device_smem = max_smem_per_block();
-  int sm_smem = 0, device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "cudaDeviceGetAttribute");
-  const int per_block_target = sm_smem / kMinBlocks - 1024;  // the driver reserves 1 KiB per block
+  const int per_block_target = smem_per_sm() / kMinBlocks - 1024;  // the driver reserves 1 KiB per block
   while (forced_rows <= 0 && smem_for(rows_per_block) > per_block_target && rows_per_block > 64)
     rows_per_block = round_rows(rows_per_block / 2);
   while (smem_for(rows_per_block) > device_smem && rows_per_block > Layout::kRowsPerIter)
@@ -503,7 +501,7 @@ void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t
   const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
   const bool offsets_fit = int64_t(p.nheads / p.ngroups) * head_stride + int64_t(p.headdim) * row_stride < (int64_t(1) << 31) &&
                            int64_t(p.ntokens) * p.out_token_stride + int64_t(p.nheads) * p.out_head_stride < (int64_t(1) << 31);
-  auto kernel = tune_knob("stream_lean") == 1 && offsets_fit
+  auto kernel = tune_knob("stream_lean") != 0 && offsets_fit
                     ? mamba2_replay_verify_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, true>
                     : mamba2_replay_verify_kernel<ckpt_t, src_t, act_t, kN, kThreads, kStages, kLanes, kMinBlocks, false>;
   const int smem_bytes = smem_for(rows_per_block);
