@@ -606,7 +606,7 @@ __device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& 
 // R % V), so the window's normalised q/k and the block scalars are formed once for every value head it covers; a
 // key head's 256 rows fit one block at three blocks per SM (T = 4, ring 32), so every (slot, key head) forms them
 // once. (It replaced two earlier kernels on 2026-12-01: 440-485 us against 757-784 and 587-632 at batch 256, T = 4;
-// bench/results/gdn_speculative.json.)
+// 3114e59, bench/results/gdn_speculative_tune_3114e59.json.)
 // * The checkpoint rows (or an fp32 checkpoint's bf16 view) stream through a cp.async staging ring of kStages
 //   stages (each thread copies and later reads only its own vectors); the first stages are issued as soon as the
 //   slot is known. Prologue, while they are in flight: the window's v of the block's rows (a tile), q and k of every

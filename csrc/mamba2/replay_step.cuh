@@ -17,7 +17,7 @@
 // iteration), ~22 to the output's address, ~83 to folds (scalar 2-byte loads of B_j per column). kLean forms
 // the streamed row's address as a 32-bit offset from a per-lane base (the launcher checks it fits), the output's
 // likewise, reads B_j at folds in 8/16-byte vectors, and forms the block scalars in parallel (below). Measured on
-// the H200 at 3114e59 (bench/results/mamba2_decode.json), batch 256: 325.6 us against 329.3 on an fp32
+// the H200 at 3114e59 (bench/results/mamba2_decode_tune_3114e59.json), batch 256: 325.6 us against 329.3 on an fp32
 // checkpoint, 279.7 against 296.8 on the view.
 template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, bool kLean = false>
 __global__ void __launch_bounds__(kThreads, 3)
@@ -370,7 +370,7 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   // Rows of a group per block: enough blocks for ~4 waves of 3 blocks per SM (prologues overlap other
   // blocks' streaming; the last wave is short), at most 128 KiB of streamed rows: 256 fp32 rows of N = 128
   // (measured: 512 rows 5% slower at batch 128, 2% at 256), 512 bf16 ones (the view: 255.8 us against 279.7
-  // at batch 256, the same at 128; H200, 3114e59, bench/results/mamba2_decode.json), as each block repeats
+  // at batch 256, the same at 128; H200, 3114e59, bench/results/mamba2_decode_tune_3114e59.json), as each block repeats
   // the prologue.
   const int group_rows = (p.nheads / p.ngroups) * p.headdim;
   const int64_t groups_total = int64_t(p.batch) * p.ngroups;
