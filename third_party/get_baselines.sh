@@ -12,6 +12,12 @@ CACHE=.cache
 PY=${PYTHON:-python3}
 mkdir -p "$CACHE/downloads"
 if [ ! -f "$CACHE/mamba_ssm_triton/mamba_ssm/ops/triton/selective_state_update.py" ]; then
+  # pip reads mamba_ssm's sdist metadata by running its setup.py, which imports torch (and needs wheel).
+  if ! "$PY" -c "import torch, wheel" 2>/dev/null; then
+    echo "get_baselines.sh: $PY cannot import torch and wheel (mamba_ssm's setup.py needs them to give its metadata);" \
+         "run it with PYTHON=<a python that has both>, e.g. PYTHON=.venv/bin/python after scripts/test.sh" >&2
+    exit 1
+  fi
   MAMBA_SKIP_CUDA_BUILD=TRUE "$PY" -m pip download --no-deps --no-build-isolation --no-binary :all: \
     "mamba_ssm==$MAMBA_SSM_VERSION" -d "$CACHE/downloads" >/dev/null
   tmp=$(mktemp -d)
