@@ -1073,6 +1073,31 @@ inline void gdn_check_smem(int bytes, const GdnTokenParams& p, int ring_len, con
                                 " tokens; the device has " + std::to_string(limit));
 }
 
+// Rows of a key head's value heads per block for the streaming kernels (replay step, verify), in whole row
+// iterations: `forced` when set (> 0; at most the key head's rows), else enough blocks for target_blocks, at most
+// the key head's rows, halved until min_blocks blocks fit an SM's shared memory; then halved until one block fits
+// the device (gdn_check_smem reports a shape that still does not). smem_for(rows): a block's bytes.
+template <typename SmemFor>
+int gdn_rows_per_block(int forced, const GdnTokenParams& p, int64_t target_blocks, int rows_per_iter, int min_blocks,
+                       const SmemFor& smem_for) {
+  const int group_rows = (p.nheads / p.nkheads) * p.vdim;
+  int rows_per_block;
+  if (forced > 0) {
+    rows_per_block = std::min(forced, group_rows);
+  } else {
+    int64_t rows = (int64_t(p.batch) * p.nkheads * group_rows + target_blocks - 1) / target_blocks;
+    rows = std::max<int64_t>(rows_per_iter, (rows + rows_per_iter - 1) / rows_per_iter * rows_per_iter);
+    rows_per_block = static_cast<int>(std::min<int64_t>(rows, group_rows));
+  }
+  auto halve = [&](int limit) {
+    while (smem_for(rows_per_block) > limit && rows_per_block > rows_per_iter)
+      rows_per_block = std::max(rows_per_iter, rows_per_block / 2 / rows_per_iter * rows_per_iter);
+  };
+  if (forced <= 0) halve(smem_per_sm() / min_blocks - 1024);  // 1 KiB per block is the driver's
+  halve(max_smem_per_block());
+  return rows_per_block;
+}
+
 // The verify's launch: 128 threads; rows of a key head's value heads per block enough for ~4 waves of
 // kMinBlocks blocks per SM (each block repeats the window's prologue), at most the key head's rows, and few
 // enough that kMinBlocks blocks fit an SM's shared memory; gdn_verify_rows forces a value (any value >= 1).
@@ -1084,29 +1109,13 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   const GdnReplayCacheParams& c = p.cache;
   if (p.ntokens > kGdnMaxT) throw std::invalid_argument("replayssm: the CUDA gdn_replay_verify takes at most 16 tokens per row");
   const int ratio = p.nheads / p.nkheads, V = p.vdim, group_rows = ratio * V;
-  const int forced_rows = tune_knob("gdn_verify_rows");
-  int rows_per_block;
-  if (forced_rows > 0) {
-    rows_per_block = std::min(forced_rows, group_rows);
-  } else {
-    const int64_t groups_total = int64_t(p.batch) * p.nkheads;
-    const int64_t target_blocks = int64_t(num_sms()) * 4 * kMinBlocks;
-    int64_t rows = (groups_total * group_rows + target_blocks - 1) / target_blocks;
-    rows = std::max<int64_t>(Layout::kRowsPerIter, (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
-    rows_per_block = static_cast<int>(std::min<int64_t>(rows, group_rows));
-  }
   auto heads_for = [&](int r) { return std::min((r + V - 1) / V + 1, ratio); };
   auto smem_for = [&](int r) {
     const int staging = kStages * Layout::kVecsPerLane * kThreads * 16;
     return GdnVerifyPassSmem(staging, sizeof(act_t), r, Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens, heads_for(r)).total;
   };
-  const int smem_occupancy = smem_per_sm() / kMinBlocks - 1024;  // 1 KiB per block is the system's
-  auto halve = [&](int limit) {
-    while (smem_for(rows_per_block) > limit && rows_per_block > Layout::kRowsPerIter)
-      rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
-  };
-  if (forced_rows <= 0) halve(smem_occupancy);
-  halve(max_smem_per_block());
+  const int rows_per_block = gdn_rows_per_block(tune_knob("gdn_verify_rows"), p, int64_t(num_sms()) * 4 * kMinBlocks,
+                                                Layout::kRowsPerIter, kMinBlocks, smem_for);
   const int smem = smem_for(rows_per_block);
   gdn_check_smem(smem, p, c.ring_len, "gdn_replay_verify");
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
@@ -1267,32 +1276,14 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   using Layout = RowLayout<src_t, kK, kThreads, 1, kLanes>;
   const GdnReplayCacheParams& c = p.cache;
   const int ratio = p.nheads / p.nkheads, V = p.vdim, group_rows = ratio * V;
-  // Rows of a key head's value heads per block: enough blocks for ~4 waves of 3 blocks per SM (prologues overlap
-  // other blocks' streaming), at most the key head's rows, and few enough that kMinBlocks blocks fit an SM.
-  const int forced_rows = tune_knob("gdn_replay_rows");
-  int rows_per_block;
-  if (forced_rows > 0) {
-    rows_per_block = std::min(forced_rows, group_rows);
-  } else {
-    const int64_t groups_total = int64_t(p.batch) * p.nkheads;
-    const int bps = tune_knob("gdn_replay_bps") > 0 ? tune_knob("gdn_replay_bps") : 12;
-    const int64_t target_blocks = int64_t(num_sms()) * bps;
-    int64_t rows = (groups_total * group_rows + target_blocks - 1) / target_blocks;
-    rows = std::max<int64_t>(Layout::kRowsPerIter, (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
-    rows_per_block = static_cast<int>(std::min<int64_t>(rows, group_rows));
-  }
   auto heads_for = [&](int r) { return std::min((r + V - 1) / V + 1, ratio); };
   auto smem_for = [&](int r) {
     return GdnReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kK, c.ring_len, heads_for(r)).total;
   };
-  const int smem_limit = max_smem_per_block();
-  const int smem_occupancy = smem_per_sm() / kMinBlocks - 1024;  // 1 KiB per block is the system's
-  auto halve = [&](int limit) {
-    while (smem_for(rows_per_block) > limit && rows_per_block > Layout::kRowsPerIter)
-      rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
-  };
-  if (forced_rows <= 0) halve(smem_occupancy);
-  halve(smem_limit);
+  // ~4 waves of 3 blocks per SM by default (prologues overlap other blocks' streaming).
+  const int bps = tune_knob("gdn_replay_bps") > 0 ? tune_knob("gdn_replay_bps") : 12;
+  const int rows_per_block = gdn_rows_per_block(tune_knob("gdn_replay_rows"), p, int64_t(num_sms()) * bps, Layout::kRowsPerIter,
+                                                kMinBlocks, smem_for);
   const int smem = smem_for(rows_per_block);
   gdn_check_smem(smem, p, c.ring_len, "gdn_replay_step");
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
