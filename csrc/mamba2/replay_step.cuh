@@ -50,19 +50,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int row0 = row_begin + warp * Layout::kRowsPerWarp + row_in_warp;  // this thread's row in iteration 0
   const ckpt_t* ckpt_group =
       static_cast<const ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(g) * heads_per_group * c.ckpt_head_stride;
-  // This thread's row in the k-th iteration, as (row, head in block, p), advanced without divisions.
-  struct RowPos {
-    int r, hl, i;
-  };
+  // This thread's row in the k-th iteration (RowPos).
   const RowPos pos0{row0, row0 / p.headdim - head_begin, row0 % p.headdim};
-  auto advance = [&](RowPos& q) {
-    q.r += Layout::kRowsPerIter;
-    q.i += Layout::kRowsPerIter;
-    while (q.i >= p.headdim) {
-      q.i -= p.headdim;
-      ++q.hl;
-    }
-  };
   auto ckpt_row = [&](const RowPos& q) { return ckpt_group + (head_begin + q.hl) * c.ckpt_head_stride + q.i * c.ckpt_row_stride; };
   // The rows streamed for the outputs: the checkpoint's, or its view's.
   auto src_row = [&](const RowPos& q) {
@@ -96,21 +85,11 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int src_head_stride = int(kView ? c.view_head_stride : c.ckpt_head_stride);
   const int src_row_stride = int(kView ? c.view_row_stride : c.ckpt_row_stride);
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
-    if (it < n_iter && copy_pos.r < row_end) {
-      if constexpr (kLean) {
-        const src_t* src = src_lane + (copy_pos.hl * src_head_stride + copy_pos.i * src_row_stride);
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-          cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + v * kLanes * Layout::kVec);
-      } else {
-        const src_t* src = src_row(copy_pos);
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-          cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
-      }
-    }
+    if (it < n_iter && copy_pos.r < row_end)
+      copy_row_async<Layout, kThreads, kStages, kLean>(staging, it, copy_pos, src_lane, src_head_stride, src_row_stride, lane_in_row,
+                                                      src_row);
     cp_async_commit();
-    advance(copy_pos);
+    copy_pos.advance<Layout::kRowsPerIter>(p.headdim);
   };
 #pragma unroll
   for (int it = 0; it < kStages - 1; ++it) issue(it);
@@ -241,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     issue(it + kStages - 1);
     cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
     const RowPos q = pos;
-    advance(pos);
+    pos.advance<Layout::kRowsPerIter>(p.headdim);
     const bool valid = q.r < row_end;
     const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
     float s[kCols];
