@@ -268,18 +268,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
   const int row0 = row_begin + warp * Layout::kRowsPerWarp + row_in_warp;  // this thread's row in iteration 0
   ckpt_t* ckpt = static_cast<ckpt_t*>(c.checkpoint) + slot * c.ckpt_slot_stride + int64_t(hv0) * c.ckpt_head_stride;
-  struct RowPos {  // row R of the block, as (R, value head within the block, state row)
-    int r, hl, i;
-  };
-  const RowPos pos0{row0, row0 / V - head_begin, row0 % V};
-  auto advance = [&](RowPos& q) {
-    q.r += Layout::kRowsPerIter;
-    q.i += Layout::kRowsPerIter;
-    while (q.i >= V) {
-      q.i -= V;
-      ++q.hl;
-    }
-  };
+  const RowPos pos0{row0, row0 / V - head_begin, row0 % V};  // (row of the block, value head within the block, state row)
   auto ckpt_row = [&](const RowPos& q) { return ckpt + q.hl * c.ckpt_head_stride + int64_t(q.i) * c.ckpt_row_stride; };
   // The master row at a fold of a viewed checkpoint (formed where used, like the view's: registers are tight).
   auto master_row = [&](const RowPos& q) {
@@ -315,14 +304,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   RowPos copy_pos = pos0;
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
-    if (it < n_iter && copy_pos.r < row_end) {
-      const src_t* src = src_row(copy_pos);
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-        cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
-    }
+    if (it < n_iter && copy_pos.r < row_end)
+      copy_row_async<Layout, kThreads, kStages, false>(staging, it, copy_pos, static_cast<const src_t*>(nullptr), 0, 0, lane_in_row,
+                                                       src_row);
     cp_async_commit();
-    advance(copy_pos);
+    copy_pos.advance<Layout::kRowsPerIter>(V);
   };
 #pragma unroll
   for (int it = 0; it < kStages - 1; ++it) issue(it);
@@ -434,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     issue(it + kStages - 1);
     cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
     const RowPos q = pos;
-    advance(pos);
+    pos.advance<Layout::kRowsPerIter>(V);
     const bool valid = q.r < row_end;
     const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
     float s[kCols];
