@@ -468,17 +468,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       for (int col = 0; col < kCols; ++col) s[col] = alpha * s[col] + u * kv[col];
       if (valid) {
         if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
-          ckpt_t* row = master_row(q);
-          src_t* vrow = src_row(q);
-#pragma unroll
-          for (int v = 0; v < kVecs; ++v) {
-#pragma unroll
-            for (int e = 0; e < Layout::kVec; e += 4)
-              __stcs(reinterpret_cast<float4*>(row + Layout::col(lane_in_row, v, e)),
-                     make_float4(s[v * Layout::kVec + e], s[v * Layout::kVec + e + 1], s[v * Layout::kVec + e + 2],
-                                 s[v * Layout::kVec + e + 3]));
-            store16_stream(vrow + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
-          }
+          Layout::store_master_and_view(master_row(q), src_row(q), lane_in_row, s);
         } else {
           bool rounded = false;
           if constexpr (kNarrow) {
@@ -946,16 +936,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
       if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest); the dots use the view's values
         if (valid) {
-          ckpt_t* row = ckpt_row(rl);
-          src_t* vrow = src_row(rl);
-#pragma unroll
-          for (int v = 0; v < kVecs; ++v) {
-#pragma unroll
-            for (int e = 0; e < kVec; e += 4)
-              __stcs(reinterpret_cast<float4*>(row + Layout::col(lane_in_row, v, e)),
-                     make_float4(s[v * kVec + e], s[v * kVec + e + 1], s[v * kVec + e + 2], s[v * kVec + e + 3]));
-            store16_stream(vrow + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[kVec]>(&s[v * kVec]));
-          }
+          Layout::store_master_and_view(ckpt_row(rl), src_row(rl), lane_in_row, s);
         }
 #pragma unroll
         for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<src_t>(s[col]));

@@ -48,6 +48,18 @@ struct RowLayout {
     for (int v = 0; v < kVecsPerLane; ++v)
       store16_stream(row + col(lane_in_row, v, 0), *reinterpret_cast<const float(*)[kVec]>(&s[v * kVec]));
   }
+  // A fold's row of an fp32 master (16-byte streaming stores) and of its 16-bit view (this layout's state_t), the
+  // same values; the view rounded to nearest.
+  __device__ static void store_master_and_view(float* master, state_t* view, int lane_in_row, const float (&s)[kColsPerLane]) {
+#pragma unroll
+    for (int v = 0; v < kVecsPerLane; ++v) {
+#pragma unroll
+      for (int e = 0; e < kVec; e += 4)
+        __stcs(reinterpret_cast<float4*>(master + col(lane_in_row, v, e)),
+               make_float4(s[v * kVec + e], s[v * kVec + e + 1], s[v * kVec + e + 2], s[v * kVec + e + 3]));
+      store16_stream(view + col(lane_in_row, v, 0), *reinterpret_cast<const float(*)[kVec]>(&s[v * kVec]));
+    }
+  }
   // s[c] += a * x[column of c] over this lane's columns (x: a full row, any element type).
   template <typename T>
   __device__ static void axpy(float a, const T* x, int lane_in_row, float (&s)[kColsPerLane]) {

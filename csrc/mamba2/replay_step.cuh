@@ -289,16 +289,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       if (valid) {
         ckpt_t* row = const_cast<ckpt_t*>(ckpt_row(q));
         if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
-          src_t* vrow = const_cast<src_t*>(src_row(q));
-#pragma unroll
-          for (int v = 0; v < kVecs; ++v) {
-#pragma unroll
-            for (int e = 0; e < Layout::kVec; e += 4)
-              __stcs(reinterpret_cast<float4*>(row + Layout::col(lane_in_row, v, e)),
-                     make_float4(s[v * Layout::kVec + e], s[v * Layout::kVec + e + 1], s[v * Layout::kVec + e + 2],
-                                 s[v * Layout::kVec + e + 3]));
-            store16_stream(vrow + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
-          }
+          Layout::store_master_and_view(row, const_cast<src_t*>(src_row(q)), lane_in_row, s);
         } else {
           if constexpr (!std::is_same_v<ckpt_t, float>) {
             if (c.sr_seed != nullptr) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count, the element

@@ -315,16 +315,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       for (int j = 0; j < w0; ++j) Layout::axpy(wf[hl * L + j] * to_float(xold[j * ts + rl]), Bold + j * kN, lane_in_row, s);
       if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest); the outputs use the view's
         if (valid) {
-          ckpt_t* row = ckpt_row(q);
-          src_t* vrow = src_row(q);
-#pragma unroll
-          for (int v = 0; v < kVecs; ++v) {
-#pragma unroll
-            for (int e = 0; e < kVec; e += 4)
-              __stcs(reinterpret_cast<float4*>(row + Layout::col(lane_in_row, v, e)),
-                     make_float4(s[v * kVec + e], s[v * kVec + e + 1], s[v * kVec + e + 2], s[v * kVec + e + 3]));
-            store16_stream(vrow + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[kVec]>(&s[v * kVec]));
-          }
+          Layout::store_master_and_view(ckpt_row(q), src_row(q), lane_in_row, s);
         }
 #pragma unroll
         for (int col = 0; col < kCols; ++col) s[col] = to_float(from_float<src_t>(s[col]));
