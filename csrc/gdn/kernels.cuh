@@ -1040,6 +1040,23 @@ inline void gdn_check_smem(int bytes, const GdnTokenParams& p, int ring_len, con
                                 " tokens; the device has " + std::to_string(limit));
 }
 
+// 16-byte copies of the streaming kernels' tiles (copy_head_rows) where the planes are contiguous over (value
+// head, row) and 16-byte aligned: the ring's u and k, the token's or window's v (window: its token stride too).
+struct GdnTileVec {
+  bool u, k, v;
+};
+template <typename act_t>
+GdnTileVec gdn_tile_vec(const GdnReplayParams& p, int rows_per_block, bool window) {
+  constexpr int kV = 16 / sizeof(act_t);
+  const GdnReplayCacheParams& c = p.cache;
+  const int V = p.vdim;
+  return {V % 4 == 0 && rows_per_block % 4 == 0 && aligned16(c.ring_u) && c.ring_u_head_stride == V && c.ring_u_slot_stride % 4 == 0 &&
+              c.ring_u_pos_stride % 4 == 0,
+          aligned16(c.ring_k) && c.ring_k_slot_stride % 4 == 0 && c.ring_k_pos_stride % 4 == 0 && c.ring_k_head_stride % 4 == 0,
+          V % kV == 0 && rows_per_block % kV == 0 && aligned16(p.v) && p.v_head_stride == V && p.v_batch_stride % kV == 0 &&
+              (!window || p.v_token_stride % kV == 0)};
+}
+
 // Rows of a key head's value heads per block for the streaming kernels (replay step, verify), in whole row
 // iterations: `forced` when set (> 0; at most the key head's rows), else enough blocks for target_blocks, at most
 // the key head's rows, halved until min_blocks blocks fit an SM's shared memory; then halved until one block fits
@@ -1086,21 +1103,14 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   const int smem = smem_for(rows_per_block);
   gdn_check_smem(smem, p, c.ring_len, "gdn_replay_verify");
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
-  // 16-byte copies of the tiles when the planes are contiguous over (value head, row) and 16-byte aligned.
-  constexpr int kV = 16 / sizeof(act_t);
-  const bool vec_u = V % 4 == 0 && rows_per_block % 4 == 0 && aligned16(c.ring_u) && c.ring_u_head_stride == V &&
-                     c.ring_u_slot_stride % 4 == 0 && c.ring_u_pos_stride % 4 == 0;
-  const bool vec_k = aligned16(c.ring_k) && c.ring_k_slot_stride % 4 == 0 && c.ring_k_pos_stride % 4 == 0 &&
-                     c.ring_k_head_stride % 4 == 0;
-  const bool vec_v = V % kV == 0 && rows_per_block % kV == 0 && aligned16(p.v) && p.v_head_stride == V &&
-                     p.v_batch_stride % kV == 0 && p.v_token_stride % kV == 0;
+  const GdnTileVec vec = gdn_tile_vec<act_t>(p, rows_per_block, true);
   const dim3 grid(chunks, p.nkheads, p.batch);
   // a block's streamed rows one stride apart
   const bool flat = std::is_same_v<src_t, ckpt_t> ? c.ckpt_head_stride == int64_t(V) * c.ckpt_row_stride
                                                   : c.view_head_stride == int64_t(V) * c.view_row_stride;
   auto kernel = gdn_replay_verify_rowpass_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, src_t>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
-  kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec_u, vec_k, vec_v, flat);
+  kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, flat);
   check_cuda(cudaGetLastError(), "gdn_replay_verify kernel launch");
 }
 
@@ -1254,14 +1264,7 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   const int smem = smem_for(rows_per_block);
   gdn_check_smem(smem, p, c.ring_len, "gdn_replay_step");
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
-  // 16-byte copies of the tiles when the planes are contiguous over (value head, row) and 16-byte aligned.
-  constexpr int kV = 16 / sizeof(act_t);
-  const bool vec_u = V % 4 == 0 && rows_per_block % 4 == 0 && aligned16(c.ring_u) && c.ring_u_head_stride == V &&
-                     c.ring_u_slot_stride % 4 == 0 && c.ring_u_pos_stride % 4 == 0;
-  const bool vec_k = aligned16(c.ring_k) && c.ring_k_slot_stride % 4 == 0 && c.ring_k_pos_stride % 4 == 0 &&
-                     c.ring_k_head_stride % 4 == 0;
-  const bool vec_v = V % kV == 0 && rows_per_block % kV == 0 && aligned16(p.v) && p.v_head_stride == V &&
-                     p.v_batch_stride % kV == 0;
+  const GdnTileVec vec = gdn_tile_vec<act_t>(p, rows_per_block, false);
   const int64_t blocks = int64_t(chunks) * p.nkheads * p.batch;
   const int forced_prefetch = tune_knob("gdn_replay_prefetch");
   const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * kMinBlocks;
@@ -1269,7 +1272,7 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   if (smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_step shared memory");
   const dim3 grid(chunks, p.nkheads, p.batch);
-  kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec_u, vec_k, vec_v, prefetch_ring);
+  kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring);
   check_cuda(cudaGetLastError(), "gdn_replay_step kernel launch");
 }
 
