@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # One job on the H200 machine: build for sm_90a, run the tests (CUDA ones included), the demo, the benchmark
 # and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
-# with steps from: build test sanitize racecheck demo bench tune ncu profile stalls spec spectune specview gdn gdntune gdnspec
+# with steps from: build test sanitize racecheck demo bench tune ncu profile stalls profiles spec spectune specview gdn gdntune
+# gdnspec
 # (default: build test demo bench ncu). specview: verify on caches with the bf16 output view (issue 5).
 # tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch;
 # stalls: where that launch's warps were sampled, per SASS instruction (bench/ncu_top_stalls.py), and its ncu
 # sections; PROFILE_KERNEL (regex), PROFILE_CMD (the program launching it), PROFILE_SKIP, PROFILE_TAG choose another;
+# profiles: stalls of the view replay step, GDN verify and Mamba-2 verify at batch 256 (not yet timed: run it alone);
 # spec: speculative verify+commit vs the per-position baseline (issue 3); gdn: the GDN decode steps (issue 4);
 # spectune, gdntune: spec, gdn plus the kernels' alternative launch configurations; gdnspec: GDN verify+commit
-# vs its per-position baseline, with the alternative verify kernel.
+# vs its per-position baseline, with other rows per verify block.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -34,6 +36,14 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures
   [ $rc -eq 0 ] || status=1
   return $rc
 }
+stalls() {  # stalls TAG KERNEL_REGEX SKIP CMD: ncu sections of one launch, and where its warps stalled, per SASS line
+  run stalls$1 bash -c "ncu --clock-control none -k regex:$2 -s $3 -c 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      --section SourceCounters --section WarpStateStats --import-source yes -f -o /tmp/rssm_stalls$1 $4 > /dev/null && \
+      ncu -i /tmp/rssm_stalls$1.ncu-rep > $OUT/stalls$1_sections.txt && \
+      ncu -i /tmp/rssm_stalls$1.ncu-rep --page source --csv --print-source sass > /tmp/stalls$1.csv && \
+      python3 bench/ncu_top_stalls.py /tmp/stalls$1.csv"  # (the CSV stays on the machine: a run returns 8 files at most)
+}
 for step in $STEPS; do
   case $step in
     build) rm -rf build replayssm/_C*.so; run build python3 -m pip install -e . --no-build-isolation --no-deps -v || exit 1 ;;
@@ -44,13 +54,12 @@ for step in $STEPS; do
     bench) run bench python3 bench/bench_mamba2.py --out "$OUT/mamba2_decode.json" ;;
     tune) run tune python3 bench/bench_mamba2.py --tune --out "$OUT/mamba2_decode.json" ;;
     ncu) run ncu python3 bench/ncu_mamba2.py --out "$OUT/mamba2_ncu.json" ;;
-    stalls) run stalls${PROFILE_TAG:-} bash -c "ncu --clock-control none -k regex:${PROFILE_KERNEL:-mamba2_replay_step_kernel} -s ${PROFILE_SKIP:-2} -c 1 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-        --section SourceCounters --section WarpStateStats --import-source yes -f -o /tmp/rssm_stalls \
-        ${PROFILE_CMD:-python3 bench/ncu_mamba2.py --child --batch ${PROFILE_BATCH:-256}} > /dev/null && \
-        ncu -i /tmp/rssm_stalls.ncu-rep > $OUT/stalls${PROFILE_TAG:-}_sections.txt && \
-        ncu -i /tmp/rssm_stalls.ncu-rep --page source --csv --print-source sass > /tmp/stalls${PROFILE_TAG:-}.csv && \
-        python3 bench/ncu_top_stalls.py /tmp/stalls${PROFILE_TAG:-}.csv" ;;  # (the CSV stays on the machine: a run returns 8 files at most)
+    stalls) stalls "${PROFILE_TAG:-}" "${PROFILE_KERNEL:-mamba2_replay_step_kernel}" "${PROFILE_SKIP:-2}" \
+        "${PROFILE_CMD:-python3 bench/ncu_mamba2.py --child --batch ${PROFILE_BATCH:-256}}" ;;
+    profiles)  # the three kernels session 5 left unprofiled (bench/NOTES.md, "Next session"), batch 256
+      stalls _view replay_step 8 "python3 bench/ncu_mamba2.py --child --view --batch 256"
+      stalls _gdnverify gdn_replay_verify 2 "python3 bench/bench_gdn_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json"
+      stalls _verify mamba2_replay_verify 2 "python3 bench/bench_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json" ;;
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;
     spectune) run spec python3 bench/bench_speculative.py --tune --out "$OUT/mamba2_speculative.json" ;;
     specview) run specview python3 bench/bench_speculative.py --view --tune --batches 128 256 --out "$OUT/mamba2_speculative_view.json" ;;
