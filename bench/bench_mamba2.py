@@ -66,7 +66,7 @@ def make_inputs(batch, n_layers, L, gen, device="cuda"):
 # csrc/common/cuda_utils.cuh): the evidence behind the defaults.
 STEP_TUNES = ["step_unroll=1", "step_unroll=2", "step_unroll=4", "step_unroll=8", "step_unroll=8,step_bps=2"]
 REPLAY_TUNES = ["replay_rows=128", "replay_rows=512", "replay_prefetch=0", "stream_lean=0"]
-VIEW_TUNES = ["stream_lean=0", "replay_rows=256"]  # the view runs the same kernel and launcher as plain caches
+VIEW_TUNES = ["stream_lean=0", "replay_rows=256", "replay_rows=1024"]  # the view runs the same kernel and launcher as plain caches
 
 
 def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
