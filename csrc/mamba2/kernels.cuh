@@ -5,6 +5,15 @@
 // each lane owns kColsPerLane columns of a row as 16-byte vectors, kLanesPerRow lanes share a row, and
 // each thread keeps kUnroll rows' loads in flight before it uses any of them, so that a full SM has
 // ~64-128 KiB of reads outstanding: the state is read at the HBM rate, not at the latency rate.
+//
+// Launch-configuration knobs (REPLAYSSM_TUNE="key=value,...", common/cuda_utils.cuh; read at every launch; for
+// benchmarking alternatives, bench/bench_mamba2.py --tune and bench_speculative.py --tune):
+//   step_unroll      rows in flight per thread in mamba2_step: 1, 2, 4, 8 (default 4, or 2 with >= 64 heads per SM)
+//   step_bps         blocks per SM mamba2_step's row split aims at (default 8)
+//   replay_rows      rows of a group per replay-step block (forced; replay_step.cuh)
+//   replay_prefetch  1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
+//   stream_lean      0: 64-bit row and output addresses in the replay step and verify (default: 32-bit offsets)
+//   verify_rows      rows of a group per verify block (forced; verify.cuh)
 #pragma once
 
 #include <algorithm>
@@ -181,7 +190,8 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
       // kUnroll rows in flight per thread: 4, or 2 once every SM has 64 heads or more (measured on the benchmark
       // shape in four tune runs, 2026-11-29, one of them bench/results/mamba2_decode_tune_cdcd8b1.json: 2 is
       // 0.7-1% faster at batch 128 and 256, 4 is 5% faster at 32; as the default, in two runs of session 4: 91.0 /
-      // 90.0% of copy bandwidth at 128, 92.2 / 91.5% at 256, bench/results/mamba2_decode.json is the second); others when REPLAYSSM_TUNE asks.
+      // 90.0% of copy bandwidth at 128, 92.2 / 91.5% at 256, the second in bench/results/mamba2_decode.json at 6b2b7e4;
+      // 90.2 / 91.5% at aef8ba1); others when REPLAYSSM_TUNE asks.
       const int forced = tune_knob("step_unroll");
       const bool many_heads = int64_t(p.batch) * p.nheads >= int64_t(64) * num_sms();
       switch (forced > 0 ? forced : (many_heads ? 2 : 4)) {
