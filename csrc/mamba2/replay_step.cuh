@@ -338,10 +338,10 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   using Layout = RowLayout<src_t, kN, kThreads, 1, ReplayLanes<src_t, kN>::value>;
   const Mamba2ReplayCacheParams& c = p.cache;
   // Rows of a group per block: enough blocks for ~4 waves of 3 blocks per SM (prologues overlap other
-  // blocks' streaming; the last wave is short), at most 128 KiB of streamed rows: 256 fp32 rows of N = 128
-  // (measured: 512 rows 5% slower at batch 128, 2% at 256), 512 bf16 ones (the view: 255.8 us against 279.7
-  // at batch 256, the same at 128; H200, 3114e59, bench/results/mamba2_decode_tune_3114e59.json), as each block repeats
-  // the prologue.
+  // blocks' streaming; the last wave is short), at most 128 KiB of streamed rows, as each block repeats the
+  // prologue: 256 fp32 rows of N = 128 (512 rows measured 5% slower at batch 128 and within noise at 256:
+  // +1.6% at 3114e59, -1.4% at aef8ba1, bench/results/mamba2_decode*.json), 512 bf16 ones (the view: 255.8 us
+  // against 279.7 at batch 256, the same at 128; H200, 3114e59, bench/results/mamba2_decode_tune_3114e59.json).
   const int group_rows = (p.nheads / p.ngroups) * p.headdim;
   const int64_t groups_total = int64_t(p.batch) * p.ngroups;
   const int64_t target_blocks = int64_t(num_sms()) * 12;
