@@ -6,10 +6,12 @@
 #   fla-core 0.6.0 (flash-linear-attention's kernels: fused_recurrent_gated_delta_rule, the standard GDN decode)
 #   and einops 0.8.2, its one dependency: pure-Python wheels, unpacked under .cache/fla.
 set -euo pipefail
+PY=${PYTHON:-python3}
+# A relative PYTHON (e.g. .venv/bin/python) names a path from where the script was called: resolve it first.
+case "$PY" in */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; esac
 cd "$(dirname "$0")"
 MAMBA_SSM_VERSION=2.3.2.post1
 CACHE=.cache
-PY=${PYTHON:-python3}
 mkdir -p "$CACHE/downloads"
 if [ ! -f "$CACHE/mamba_ssm_triton/mamba_ssm/ops/triton/selective_state_update.py" ]; then
   # pip reads mamba_ssm's sdist metadata by running its setup.py, which imports torch (and needs wheel).
