@@ -6,7 +6,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <type_traits>
 #include <cstdlib>
 #include <stdexcept>
@@ -30,14 +32,37 @@ template <> __device__ __forceinline__ float from_float<float>(float v) { return
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
+// The elements of 32-bit words of T, as floats: a bf16 pair by one integer op each (the upper half by a mask;
+// __bfloat162float of the upper element takes two, a byte permute and a shift), an fp16 pair by one conversion.
+// Exact, as to_float.
+template <typename T, int kWords>
+__device__ __forceinline__ void unpack_words(const uint32_t (&w)[kWords], float (&out)[kWords * 4 / sizeof(T)]) {
+#pragma unroll
+  for (int q = 0; q < kWords; ++q) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      out[2 * q] = __uint_as_float(w[q] << 16);
+      out[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+    } else if constexpr (std::is_same_v<T, __half>) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[q]));
+      out[2 * q] = f.x, out[2 * q + 1] = f.y;
+    } else {
+      static_assert(std::is_same_v<T, float>, "float, bf16 or fp16");
+      out[q] = __uint_as_float(w[q]);
+    }
+  }
+}
+// 16 bytes of T (a uint4 as loaded) as floats.
+template <typename T, int kVec = 16 / sizeof(T)>
+__device__ __forceinline__ void unpack16(const uint4& raw, float (&out)[kVec]) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  unpack_words<T, 4>(w, out);
+}
+
 // 16 bytes of T, converted to float. Streaming hint (.cs): the state is read once per step, so it
 // should not push the small, reused data (rings, inputs) out of L2.
 template <typename T, int kVec = 16 / sizeof(T)>
 __device__ __forceinline__ void load16_stream(const T* ptr, float (&out)[kVec]) {
-  const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(ptr));
-  const T* elems = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int e = 0; e < kVec; ++e) out[e] = to_float(elems[e]);
+  unpack16<T>(__ldcs(reinterpret_cast<const uint4*>(ptr)), out);
 }
 
 template <typename T, int kVec = 16 / sizeof(T)>
@@ -60,9 +85,10 @@ __device__ __forceinline__ void load_shared_vec(const T* p, float (&out)[kCount]
 #pragma unroll
   for (int q = 0; q < kBytes / int(sizeof(Word)); ++q) {
     const Word raw = reinterpret_cast<const Word*>(p)[q];
-    const T* elems = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) out[q * kPer + e] = to_float(elems[e]);
+    uint32_t w[sizeof(Word) / 4];
+    static_assert(sizeof(w) == sizeof(raw));
+    memcpy(w, &raw, sizeof(raw));
+    unpack_words<T, int(sizeof(Word) / 4)>(w, *reinterpret_cast<float(*)[kPer]>(&out[q * kPer]));
   }
 }
 

@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   RowPos copy_pos = pos0;
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
     if (it < n_iter && copy_pos.r < row_end)
-      copy_row_async<Layout, kThreads, kStages, false>(staging, it, copy_pos, static_cast<const src_t*>(nullptr), 0, 0, lane_in_row,
+      copy_row_async<Layout, kThreads, false>(staging, it % kStages, copy_pos, static_cast<const src_t*>(nullptr), 0, 0, lane_in_row,
                                                        src_row);
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(V);
@@ -426,10 +426,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     float s[kCols];
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
-      const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
-      const src_t* elems = reinterpret_cast<const src_t*>(&raw);
-#pragma unroll
-      for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = to_float(elems[e]);
+      unpack16<src_t>(staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x],
+                      *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
     }
     float Sk = 0.f, Sq = 0.f;
 #pragma unroll
@@ -897,10 +895,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     float s[kCols];
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
-      const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
-      const src_t* elems = reinterpret_cast<const src_t*>(&raw);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = to_float(elems[e]);
+      unpack16<src_t>(staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x],
+                      *reinterpret_cast<float(*)[kVec]>(&s[v * kVec]));
     }
     if (early) {  // checkpoint <- state at the cursor, stored as the checkpoint stores it; ring k from global memory
       const int rr = valid ? rl : 0, hl = (row_begin + rr) / V - head_begin;

@@ -297,24 +297,24 @@ struct RowPos {
   }
 };
 
-// Starts the cp.async copies of this thread's vectors of the streamed row at `pos`, iteration `it`, into stage
-// it % kStages of the staging ring ([stage][vec][thread] 16-byte vectors; the caller commits the group). kLean: from lane_base (this
+// Starts the cp.async copies of this thread's vectors of the streamed row at `pos` into stage `stage` (an
+// iteration's index modulo kStages) of the staging ring ([stage][vec][thread] 16-byte vectors; the caller commits the group). kLean: from lane_base (this
 // lane's first column in the block's first head) at 32-bit offsets (head_stride, row_stride: elements; the
 // launcher checks they fit); else from src_row(pos), 64-bit addresses.
-template <typename Layout, int kThreads, int kStages, bool kLean, typename src_t, typename SrcRow>
-__device__ __forceinline__ void copy_row_async(uint4* staging, int it, const RowPos& pos, const src_t* lane_base, int head_stride,
+template <typename Layout, int kThreads, bool kLean, typename src_t, typename SrcRow>
+__device__ __forceinline__ void copy_row_async(uint4* staging, int stage, const RowPos& pos, const src_t* lane_base, int head_stride,
                                                int row_stride, int lane_in_row, const SrcRow& src_row) {
   constexpr int kVecs = Layout::kVecsPerLane;
   if constexpr (kLean) {
     const src_t* src = lane_base + (pos.hl * head_stride + pos.i * row_stride);
 #pragma unroll
     for (int v = 0; v < kVecs; ++v)
-      cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + v * Layout::kLanesPerRow * Layout::kVec);
+      cp_async16(&staging[(stage * kVecs + v) * kThreads + threadIdx.x], src + v * Layout::kLanesPerRow * Layout::kVec);
   } else {
     const src_t* src = src_row(pos);
 #pragma unroll
     for (int v = 0; v < kVecs; ++v)
-      cp_async16(&staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
+      cp_async16(&staging[(stage * kVecs + v) * kThreads + threadIdx.x], src + Layout::col(lane_in_row, v, 0));
   }
 }
 

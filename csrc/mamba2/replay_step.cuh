@@ -84,15 +84,17 @@ __global__ void __launch_bounds__(kThreads, 3)
   const src_t* src_lane = kLean ? src_row(RowPos{0, 0, 0}) + Layout::col(lane_in_row, 0, 0) : nullptr;
   const int src_head_stride = int(kView ? c.view_head_stride : c.ckpt_head_stride);
   const int src_row_stride = int(kView ? c.view_row_stride : c.ckpt_row_stride);
-  auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
+  // Start copying this thread's vectors of iteration `it` into staging stage `stage` (= it % kStages; an empty
+  // group past the end).
+  auto issue = [&](int it, int stage) {
     if (it < n_iter && copy_pos.r < row_end)
-      copy_row_async<Layout, kThreads, kStages, kLean>(staging, it, copy_pos, src_lane, src_head_stride, src_row_stride, lane_in_row,
-                                                      src_row);
+      copy_row_async<Layout, kThreads, kLean>(staging, stage, copy_pos, src_lane, src_head_stride, src_row_stride, lane_in_row,
+                                              src_row);
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(p.headdim);
   };
 #pragma unroll
-  for (int it = 0; it < kStages - 1; ++it) issue(it);
+  for (int it = 0; it < kStages - 1; ++it) issue(it, it);
 
   // ---- Prologue: this token's inputs and the ring into shared memory (one cp.async group).
   const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + int64_t(g) * heads_per_group * p.x_head_stride;
@@ -216,8 +218,16 @@ __global__ void __launch_bounds__(kThreads, 3)
   // ---- Stream the block's rows.
   act_t* const out_block = static_cast<act_t*>(p.out) + b * p.out_batch_stride + int64_t(h0) * p.out_head_stride;  // (kLean)
   RowPos pos = pos0;
+  // The output epilogue (this token's x, D, the gate, the store) of kLanes consecutive iterations runs at once,
+  // a row per lane: lane k of a row's lanes keeps iteration k's sum (y_pend, at q_pend), so every lane works
+  // where one in kLanes did (ncu, batch 256, view: ~60 of ~230 warp instructions per iteration were the
+  // epilogue).
+  // Pending: (head within the block) << 16 | p, or -1 for none (two registers, not five: the view's kernel spilled).
+  float y_pend = 0.f;
+  int pend = -1;
+  int stage = 0;  // it % kStages
   for (int it = 0; it < n_iter; ++it) {
-    issue(it + kStages - 1);
+    issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
     const RowPos q = pos;
     pos.advance<Layout::kRowsPerIter>(p.headdim);
@@ -225,27 +235,32 @@ __global__ void __launch_bounds__(kThreads, 3)
     const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
     float s[kCols];
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
-      const src_t* elems = reinterpret_cast<const src_t*>(&raw);
+    for (int v = 0; v < kVecs; ++v)
+      unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
+                      *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+    stage = stage == kStages - 1 ? 0 : stage + 1;
+    // S_c . C_t over this lane's columns in four independent chains (one chain of kCols dependent FMAs was the
+    // largest stall, waiting on the previous FMA).
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = to_float(elems[e]);
-    }
-    float sc = 0.f;
-#pragma unroll
-    for (int col = 0; col < kCols; ++col) sc = fmaf(s[col], Cv[col], sc);
+    for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(s[col], Cv[col], part[col % 4]);
     const float* wdt_h = wdt + hl * L;
-    float y = decay[hl] * sc;
+    float y = decay[hl] * ((part[0] + part[1]) + (part[2] + part[3]));
     for (int j = lane_in_row; j < w; j += kLanes) y = fmaf(wdt_h[j] * bc[j], to_float(xs[j * ts + rl]), y);
     y = group_sum<kLanes>(y);
-    const float xt = to_float(xt_s[rl]);
-    if (valid && lane_in_row == 0) {
-      y = fmaf(wdt_h[w] * bc[w] + Ds[hl], xt, y);
-      if (p.z) y *= silu(to_float(zs[rl]));
-      if constexpr (kLean)
-        out_block[hl * int(p.out_head_stride) + q.i] = from_float<act_t>(y);
-      else
-        static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hl) * p.out_head_stride + q.i] = from_float<act_t>(y);
+    const int k = it % kLanes;
+    if (k == lane_in_row) y_pend = y, pend = valid ? q.hl << 16 | q.i : -1;
+    if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
+      if (pend >= 0) {
+        const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * p.headdim + ip - row_begin;
+        float yo = fmaf(wdt[hp * L + w] * bc[w] + Ds[hp], to_float(xt_s[rp]), y_pend);
+        if (p.z) yo *= silu(to_float(zs[rp]));
+        if constexpr (kLean)
+          out_block[hp * int(p.out_head_stride) + ip] = from_float<act_t>(yo);
+        else
+          static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hp) * p.out_head_stride + ip] = from_float<act_t>(yo);
+      }
+      pend = -1;
     }
     if (fold) {
       // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
@@ -280,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 3)
           }
         }
       }
-      const float coef = wdt_h[w] * xt;
+      const float coef = wdt_h[w] * to_float(xt_s[rl]);
 #pragma unroll
       for (int v = 0; v < kVecs; ++v)
 #pragma unroll
@@ -367,6 +382,8 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   if (smem_for(rows_per_block) > smem_limit)
     throw std::invalid_argument("replayssm: mamba2_replay_step needs more shared memory than the device has for this "
                                 "dstate and ring_len");
+  if (p.headdim > 0xffff)  // (the kernel packs a row's p into 16 bits)
+    throw std::invalid_argument("replayssm: mamba2_replay_step on CUDA supports headdim up to 65535, got " + std::to_string(p.headdim));
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
   // 16-byte copies of the row tiles when every plane is contiguous over (head, p) and 16-byte aligned.
   constexpr int kV = 16 / sizeof(act_t);

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int src_row_stride = int(kView ? c.view_row_stride : c.ckpt_row_stride);
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
     if (it < n_iter && copy_pos.r < row_end)
-      copy_row_async<Layout, kThreads, kStages, kLean>(staging, it, copy_pos, src_lane, src_head_stride, src_row_stride, lane_in_row,
+      copy_row_async<Layout, kThreads, kLean>(staging, it % kStages, copy_pos, src_lane, src_head_stride, src_row_stride, lane_in_row,
                                                       src_row);
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(p.headdim);
@@ -293,10 +293,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     float s[kCols];
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
-      const uint4 raw = staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x];
-      const src_t* elems = reinterpret_cast<const src_t*>(&raw);
+      float part[kVec];
+      unpack16<src_t>(staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x], part);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = (kLean || valid) ? to_float(elems[e]) : 0.f;
+      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = (kLean || valid) ? part[e] : 0.f;
     }
     if (early) {  // S_c <- exp(c_w) S_c + sum_{j<w} exp(c_w - c_j) dt_j x_j B_j, stored as the checkpoint stores it
       if constexpr (kView) {  // from this lane's columns of the fp32 master row (the view served the staging)
