@@ -320,21 +320,16 @@ __device__ __forceinline__ void copy_row_async(uint4* staging, int stage, const 
 
 // dst[j * dst_stride + k] = src[j * src_pos_stride + row(r0 + k)] for j < nj, k < n, where row(r) is element
 // (r / headdim, r % headdim) of a (heads, headdim) plane with the given head stride. vec: the rows are
-// contiguous (head_stride == headdim) and everything is 16-byte aligned: by 16 bytes, with cp.async (kAsync: the
-// caller commits and waits for the group) or plain loads and stores (done when the thread's stores are).
-template <typename T, int kThreads, bool kAsync = true>
+// contiguous (head_stride == headdim) and everything is 16-byte aligned: cp.async by 16 bytes.
+template <typename T, int kThreads>
 __device__ __forceinline__ void copy_head_rows(T* dst, int dst_stride, const T* src, int64_t src_pos_stride,
                                                int64_t head_stride, int headdim, int r0, int n, int nj, bool vec) {
   if (vec) {
     constexpr int kV = 16 / sizeof(T);
     const int nv = n / kV;
-#pragma unroll 4
     for (int idx = threadIdx.x; idx < nj * nv; idx += kThreads) {
       const int j = idx / nv, k = (idx % nv) * kV;
-      if constexpr (kAsync)
-        cp_async16(dst + j * dst_stride + k, src + j * src_pos_stride + r0 + k);
-      else
-        *reinterpret_cast<uint4*>(dst + j * dst_stride + k) = __ldg(reinterpret_cast<const uint4*>(src + j * src_pos_stride + r0 + k));
+      cp_async16(dst + j * dst_stride + k, src + j * src_pos_stride + r0 + k);
     }
   } else {
 #pragma unroll 4

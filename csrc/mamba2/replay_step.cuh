@@ -93,12 +93,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(p.headdim);
   };
+#pragma unroll
+  for (int it = 0; it < kStages - 1; ++it) issue(it, it);
 
-  // ---- Prologue: this token's inputs and the ring into shared memory. The cp.async group of x_t, z_t (and of the
-  // whole ring, when prefetched) is committed before the streamed rows' groups, and the ring read after the cursor
-  // by plain loads, so that the prologue waits for its own data alone: cp.async groups complete in order, and
-  // waiting for a group committed after the rows' drained the block's row pipeline while it formed the block
-  // scalars (ncu, view, batch 256: the prologue's wait and barriers were ~24% of the stall samples).
+  // ---- Prologue: this token's inputs and the ring into shared memory (one cp.async group).
   const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + int64_t(g) * heads_per_group * p.x_head_stride;
   copy_head_rows<act_t, kThreads>(xt_s, 0, x_t, 0, p.x_head_stride, p.headdim, row_begin, nrows, 1, io_vec);
   if (p.z) {
@@ -109,20 +107,16 @@ __global__ void __launch_bounds__(kThreads, 3)
       static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + int64_t(g) * heads_per_group * c.ring_x_head_stride;
   const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
   const float* ring_dt = c.ring_dt + slot * c.ring_dt_slot_stride + h0;
-  auto load_ring = [&](int nj, auto async) {  // ring positions 0..nj-1
-    constexpr bool kAsync = decltype(async)::value;
-    copy_head_rows<act_t, kThreads, kAsync>(xs, ts, ring_x, c.ring_x_pos_stride, c.ring_x_head_stride, p.headdim, row_begin, nrows,
-                                            nj, io_vec);
-    copy_head_rows<act_t, kThreads, kAsync>(Bring, kN, ring_B, c.ring_B_pos_stride, 0, kN, 0, kN, nj, io_vec);
+  auto load_ring = [&](int nj) {  // ring positions 0..nj-1
+    copy_head_rows<act_t, kThreads>(xs, ts, ring_x, c.ring_x_pos_stride, c.ring_x_head_stride, p.headdim, row_begin, nrows, nj,
+                                    io_vec);
+    copy_head_rows<act_t, kThreads>(Bring, kN, ring_B, c.ring_B_pos_stride, 0, kN, 0, kN, nj, io_vec);
     for (int idx = threadIdx.x; idx < nheads_block * nj; idx += kThreads) {
       const int hl = idx / nj, j = idx % nj;
       dts[hl * L + j] = ring_dt[j * c.ring_dt_pos_stride + hl];
     }
   };
-  if (prefetch_ring) load_ring(L - 1, std::true_type{});  // before the cursor is known: one dependent trip fewer
-  cp_async_commit();
-#pragma unroll
-  for (int it = 0; it < kStages - 1; ++it) issue(it, it);
+  if (prefetch_ring) load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
   {
     const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
     const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
@@ -138,7 +132,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   }
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-  if (!prefetch_ring) load_ring(w, std::false_type{});
+  if (!prefetch_ring) load_ring(w);
+  cp_async_commit();
   // The fold count (stochastic rounding's Philox counter): read, and waited for, before the block counts in,
   // since the slot's last block increments it.
   uint32_t fold_no = 0;
@@ -146,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     fold_no = uint32_t(c.fold_count[slot]);
     if (fold_no == 0xffffffffu) __trap();  // (consumes the load before the barrier; 2^32 folds do not happen)
   }
-  cp_async_wait<kStages - 1>();  // the prologue's group (the rows' groups may be in flight)
+  cp_async_wait<0>();
   __syncthreads();  // tiles written; every thread of the block has read the cursor
 
   // Count this block in: all its threads have read the cursor, so the slot's last block to arrive may advance
