@@ -2,7 +2,7 @@
 # One job on the H200 machine: build for sm_90a, run the tests (CUDA ones included), the demo, the benchmark
 # and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
 # with steps from: build test sanitize racecheck demo bench tune ncu profile stalls profiles spec spectune specview gdn gdntune
-# gdnspec
+# gdnspec patchtune
 # (default: build test demo bench ncu). specview: verify on caches with the bf16 output view (issue 5).
 # tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch;
 # stalls: where that launch's warps were sampled, per SASS instruction (bench/ncu_top_stalls.py), and its ncu
@@ -11,6 +11,9 @@
 # spec: speculative verify+commit vs the per-position baseline (issue 3); gdn: the GDN decode steps (issue 4);
 # spectune, gdntune: spec, gdn plus the kernels' alternative launch configurations; gdnspec: GDN verify+commit
 # vs its per-position baseline, with other rows per verify block.
+# patchtune: for each patch of bench/patches named in PATCHES (in order, each on top of the last), apply it, build
+# and run `tune` into $OUT/mamba2_decode_<patch>.json (build logs stay in /tmp unless the build fails): candidate
+# kernel changes prepared without a GPU, measured in one call; the working tree is left with all of them applied.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -60,6 +63,18 @@ for step in $STEPS; do
       stalls _view replay_step 8 "python3 bench/ncu_mamba2.py --child --view --batch 256"
       stalls _gdnverify gdn_replay_verify 2 "python3 bench/bench_gdn_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json"
       stalls _verify mamba2_replay_verify 2 "python3 bench/bench_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json" ;;
+    patchtune)
+      for patch in ${PATCHES:-ring-sum-at-flush early-scalars fold-prefetch}; do
+        echo "=== patch $patch"
+        if ! git apply "bench/patches/$patch.patch" 2>/dev/null && ! patch -p1 < "bench/patches/$patch.patch"; then
+          echo "=== patch $patch does not apply"; status=1; break
+        fi
+        rm -rf build replayssm/_C*.so
+        if ! python3 -m pip install -e . --no-build-isolation --no-deps -v > "/tmp/build_$patch.log" 2>&1; then
+          cp "/tmp/build_$patch.log" "$OUT/"; echo "=== build with $patch failed"; status=1; break
+        fi
+        run "tune_$patch" python3 bench/bench_mamba2.py --tune --out "$OUT/mamba2_decode_$patch.json"
+      done ;;
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;
     spectune) run spec python3 bench/bench_speculative.py --tune --out "$OUT/mamba2_speculative.json" ;;
     specview) run specview python3 bench/bench_speculative.py --view --tune --batches 128 256 --out "$OUT/mamba2_speculative_view.json" ;;
