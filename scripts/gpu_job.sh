@@ -12,8 +12,9 @@
 # spectune, gdntune: spec, gdn plus the kernels' alternative launch configurations; gdnspec: GDN verify+commit
 # vs its per-position baseline, with other rows per verify block.
 # patchtune: for each patch of bench/patches named in PATCHES (in order, each on top of the last), apply it, build
-# and run `tune` into $OUT/mamba2_decode_<patch>.json (build logs stay in /tmp unless the build fails): candidate
-# kernel changes prepared without a GPU, measured in one call; the working tree is left with all of them applied.
+# and run `tune` (or PATCHTUNE_CMD, e.g. "python3 bench/bench_gdn.py --tune") into $OUT/bench_<patch>.json (build
+# logs stay in /tmp unless the build fails): candidate kernel changes prepared without a GPU, measured in one call;
+# the working tree is left with all of them applied.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -73,7 +74,7 @@ for step in $STEPS; do
         if ! python3 -m pip install -e . --no-build-isolation --no-deps -v > "/tmp/build_$patch.log" 2>&1; then
           cp "/tmp/build_$patch.log" "$OUT/"; echo "=== build with $patch failed"; status=1; break
         fi
-        run "tune_$patch" python3 bench/bench_mamba2.py --tune --out "$OUT/mamba2_decode_$patch.json"
+        run "tune_$patch" ${PATCHTUNE_CMD:-python3 bench/bench_mamba2.py --tune} --out "$OUT/bench_$patch.json"
       done ;;
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;
     spectune) run spec python3 bench/bench_speculative.py --tune --out "$OUT/mamba2_speculative.json" ;;
