@@ -14,7 +14,7 @@
 # patchtune: for each patch of bench/patches named in PATCHES (in order, each on top of the last), apply it, build
 # and run `tune` (or PATCHTUNE_CMD, e.g. "python3 bench/bench_gdn.py --tune") into $OUT/bench_<patch>.json (build
 # logs stay in /tmp unless the build fails): candidate kernel changes prepared without a GPU, measured in one call;
-# the working tree is left with all of them applied.
+# the working tree is left with all of them applied. The name `base` in PATCHES measures the tree as it stands.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -67,7 +67,8 @@ for step in $STEPS; do
     patchtune)
       for patch in ${PATCHES:-ring-sum-at-flush early-scalars fold-prefetch}; do
         echo "=== patch $patch"
-        if ! git apply "bench/patches/$patch.patch" 2>/dev/null && ! patch -p1 < "bench/patches/$patch.patch"; then
+        if [ "$patch" = base ]; then :  # the tree as it is: the same run's reference
+        elif ! git apply "bench/patches/$patch.patch" 2>/dev/null && ! patch -p1 < "bench/patches/$patch.patch"; then
           echo "=== patch $patch does not apply"; status=1; break
         fi
         rm -rf build replayssm/_C*.so
