@@ -219,8 +219,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   act_t* const out_block = static_cast<act_t*>(p.out) + b * p.out_batch_stride + int64_t(h0) * p.out_head_stride;  // (kLean)
   RowPos pos = pos0;
   // The output epilogue (this token's x, D, the gate, the store) of kLanes consecutive iterations runs at once,
-  // a row per lane: lane k of a row's lanes keeps iteration k's sum (y_pend, at q_pend), so every lane works
-  // where one in kLanes did (ncu, batch 256, view: ~60 of ~230 warp instructions per iteration were the
+  // a row per lane: lane k of a row's lanes keeps the sum of the iteration it with it % kLanes == k (y_pend, its
+  // row in pend), so every lane works where one in kLanes did (ncu, batch 256, view: ~60 of ~230 warp instructions per iteration were the
   // epilogue). Measured with the other row-loop cuts of adf5103: view 241.6 against 256.3 us at batch 256.
   // Pending: (head within the block) << 16 | p, or -1 for none (two registers, not five: the view's kernel spilled).
   float y_pend = 0.f;
