@@ -15,10 +15,15 @@
 # and run `tune` (or PATCHTUNE_CMD, e.g. "python3 bench/bench_gdn.py --tune") into $OUT/bench_<patch>.json (build
 # logs stay in /tmp unless the build fails): candidate kernel changes prepared without a GPU, measured in one call;
 # the working tree is left with all of them applied. The name `base` in PATCHES measures the tree as it stands.
+# variants: like patchtune, but the builds run in parallel (one build's time instead of one per patch). VARIANTS
+# lists NAME=patch+patch... (NAME alone: the tree as it is); each is copied to /tmp/var/NAME, patched and built in
+# place; then each entry of VRUNS, NAME:CMD with CMD mamba2 or gdn (the `--tune` benchmark), runs in order in its
+# copy into $OUT/CMD_NAME.json. The working tree is left as it was.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: the variants step runs from copies of the tree
 STEPS=${*:-build test demo bench ncu}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 # The H200 image's default g++ (/opt/gcc wrapper) links objects whose C++ exceptions crash the process when
@@ -76,6 +81,26 @@ for step in $STEPS; do
           cp "/tmp/build_$patch.log" "$OUT/"; echo "=== build with $patch failed"; status=1; break
         fi
         run "tune_$patch" ${PATCHTUNE_CMD:-python3 bench/bench_mamba2.py --tune} --out "$OUT/bench_$patch.json"
+      done ;;
+    variants)
+      rm -rf /tmp/var; mkdir -p /tmp/var
+      for v in ${VARIANTS:-base}; do
+        name=${v%%=*}; patches=; [ "$name" != "$v" ] && patches=${v#*=}
+        mkdir -p /tmp/var/$name
+        tar --exclude=./build --exclude=./.git --exclude=./.venv --exclude='./replayssm/_C*.so' -cf - . | tar -xf - -C /tmp/var/$name
+        ( cd /tmp/var/$name && for p in ${patches//+/ }; do git apply "bench/patches/$p.patch" || exit 1; done
+          MAX_JOBS=8 python3 setup.py build_ext --inplace > build.log 2>&1 || exit 1 ) &
+      done
+      t0=$SECONDS; wait; echo "=== variant builds: $((SECONDS - t0)) s"
+      for v in ${VARIANTS:-base}; do name=${v%%=*}
+        ls /tmp/var/$name/replayssm/_C*.so > /dev/null 2>&1 || { echo "=== build $name failed"; tail -30 /tmp/var/$name/build.log; cp /tmp/var/$name/build.log "$OUT/build_$name.log"; status=1; }
+      done
+      for r in ${VRUNS:-base:mamba2}; do name=${r%%:*}; kind=${r#*:}
+        [ -d /tmp/var/$name ] && ls /tmp/var/$name/replayssm/_C*.so > /dev/null 2>&1 || continue
+        script=bench/bench_mamba2.py; [ "$kind" = gdn ] && script=bench/bench_gdn.py
+        cd /tmp/var/$name; export PYTHONPATH=/tmp/var/$name
+        run "${kind}_$name" python3 $script --tune --out "$OUT/${kind}_$name.json"
+        unset PYTHONPATH; cd - > /dev/null
       done ;;
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;
     spectune) run spec python3 bench/bench_speculative.py --tune --out "$OUT/mamba2_speculative.json" ;;
