@@ -110,8 +110,9 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
                                               dt_bias=dt_bias, out=t["out"])
         before = torch.stack([c.cursor.clone() for c in caches])
         r[f"{name}_us"] = timer(replay_cycle) / (L * n_layers)
-        if tune and view is None:
-            r["replay_tuning_us"] = {k: v / (L * n_layers) for k, v in common.timed_configs(replay_cycle, REPLAY_TUNES).items()}
+        if tune:
+            tunes = REPLAY_TUNES if view is None else VIEW_TUNES
+            r[f"{name}_tuning_us"] = {k: v / (L * n_layers) for k, v in common.timed_configs(replay_cycle, tunes).items()}
         assert torch.equal(before, torch.stack([c.cursor for c in caches])), "cursors did not advance full cycles"
         del caches
     return r
@@ -120,8 +121,9 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
 # Alternative launch configurations (REPLAYSSM_TUNE, listed in csrc/gdn/kernels.cuh), timed with --tune.
 STEP_TUNES = ["gdn_step_unroll=2", "gdn_step_unroll=8", "gdn_step_lanes=16", "gdn_step_lanes=32", "gdn_step_bps=4",
               "gdn_step_bps=16"]
-REPLAY_TUNES = ["gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=3", "gdn_replay_prefetch=0",
-                "gdn_replay_prefetch=1", "gdn_replay_rows=128", "gdn_replay_bps=24"]
+REPLAY_TUNES = ["gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=0", "gdn_replay_prefetch=0",
+                "gdn_replay_prefetch=1", "gdn_replay_rows=128", "gdn_replay_bps=16", "gdn_replay_bps=24"]
+VIEW_TUNES = ["gdn_view_variant=1"]
 
 
 def main():

@@ -8,6 +8,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from typing import Callable
 
 import torch
@@ -20,8 +21,9 @@ def l2_bytes() -> int:
     return getattr(props, "L2_cache_size", L2_BYTES) or L2_BYTES
 
 
-def time_graph(fn: Callable[[], None], replays: int = 20, warmup: int = 3) -> float:
-    """Median µs of one replay of a CUDA graph that captures fn()."""
+def time_graph(fn: Callable[[], None], replays: int = 20, warmup: int = 3, warmup_s: float = 0.05) -> float:
+    """Median µs of one replay of a CUDA graph that captures fn(), after at least `warmup` replays and
+    `warmup_s` seconds of them."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -31,9 +33,11 @@ def time_graph(fn: Callable[[], None], replays: int = 20, warmup: int = 3) -> fl
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    for _ in range(warmup):
+    n, t_end = 0, time.perf_counter() + warmup_s
+    while n < warmup or time.perf_counter() < t_end:
         graph.replay()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        n += 1
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -47,7 +51,9 @@ def time_graph(fn: Callable[[], None], replays: int = 20, warmup: int = 3) -> fl
 
 
 def timed_configs(fn: Callable[[], None], tunes) -> dict:
-    """µs of fn's graph (time_graph) under each REPLAYSSM_TUNE setting in tunes, the environment restored after."""
+    """µs of fn's graph (time_graph) under each REPLAYSSM_TUNE setting in tunes, the environment restored after;
+    then the default timed again ("default again"): the spread between two timings of one version, beside the
+    differences between versions (bench/NOTES.md, session 7)."""
     out = {}
     for tune in tunes:
         os.environ["REPLAYSSM_TUNE"] = tune
@@ -55,6 +61,7 @@ def timed_configs(fn: Callable[[], None], tunes) -> dict:
             out[tune] = time_graph(fn)
         finally:
             del os.environ["REPLAYSSM_TUNE"]
+    out["default again"] = time_graph(fn)
     return out
 
 

@@ -70,7 +70,7 @@ for step in $STEPS; do
       stalls _gdnverify gdn_replay_verify 2 "python3 bench/bench_gdn_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json"
       stalls _verify mamba2_replay_verify 2 "python3 bench/bench_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json" ;;
     patchtune)
-      for patch in ${PATCHES:-ring-sum-at-flush early-scalars fold-prefetch}; do
+      for patch in ${PATCHES:?patchtune needs PATCHES}; do
         echo "=== patch $patch"
         if [ "$patch" = base ]; then :  # the tree as it is: the same run's reference
         elif ! git apply "bench/patches/$patch.patch" 2>/dev/null && ! patch -p1 < "bench/patches/$patch.patch"; then

@@ -27,9 +27,11 @@
 //   gdn_step_lanes     lanes per state row: 4, 8 (default: 16 columns per lane), 16, 32
 //   gdn_step_bps       blocks per SM the row split aims at when batch * HV is small (default 8)
 //   gdn_step_rows      rows of a head per block (forced; any value >= 1)
-//   gdn_replay_variant 0 (default): 3 stages, 4 lanes per row, 3 blocks/SM; 1: 4 stages, 4 lanes, 2 blocks/SM;
-//                      2: 6 stages, 8 lanes, 3 blocks/SM; 3: 4 stages, 8 lanes, 4 blocks/SM (plain caches; a cache
-//                      with a view has its own configuration, any activation dtype and K)
+//   gdn_replay_variant default: 4 stages, 8 lanes per row, 4 blocks/SM; 0: 3 stages, 4 lanes, 3 blocks/SM (the
+//                      default before 2026-12-01); 1: 4 stages, 4 lanes, 2 blocks/SM; 2: 6 stages, 8 lanes, 3 blocks/SM
+//                      (plain caches; a cache with a view has its own configuration, any activation dtype and K)
+//   gdn_view_variant   a cache with a bf16 view, bf16 activations, K = 128: default 6 stages, 8 lanes, 3 blocks/SM;
+//                      1: 4 stages, 8 lanes, 4 blocks/SM
 //   gdn_replay_bps     blocks per SM the row split aims at (default 12: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
@@ -303,15 +305,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int ts = off.tile_stride;
 
   RowPos copy_pos = pos0;
-  auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
+  // Start copying this thread's vectors of iteration `it` into staging stage `stage` (= it % kStages; an empty
+  // group past the end).
+  auto issue = [&](int it, int stage) {
     if (it < n_iter && copy_pos.r < row_end)
-      copy_row_async<Layout, kThreads, false>(staging, it % kStages, copy_pos, static_cast<const src_t*>(nullptr), 0, 0, lane_in_row,
-                                                       src_row);
+      copy_row_async<Layout, kThreads, false>(staging, stage, copy_pos, static_cast<const src_t*>(nullptr), 0, 0, lane_in_row,
+                                              src_row);
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(V);
   };
 #pragma unroll
-  for (int it = 0; it < kStages - 1; ++it) issue(it);
+  for (int it = 0; it < kStages - 1; ++it) issue(it, it);
 
   // ---- Prologue: v_t and the ring into shared memory (one cp.async group), the token's q, k, g, beta.
   const act_t* v_t = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + int64_t(h) * ratio * p.v_head_stride;
@@ -415,9 +419,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   float* ring_u_w = c.ring_u + slot * c.ring_u_slot_stride + w * c.ring_u_pos_stride + int64_t(hv0) * c.ring_u_head_stride;
 
   // ---- Stream the block's rows.
+  // Steps that do not fold defer everything after the row's dot products to an epilogue that runs for kLanes
+  // consecutive iterations at once, a row per lane (lane k of a row's lanes keeps iteration k's S k and S q, its
+  // head and p packed in `pend`): the ring's part of both products, u, the output and the ring append, by one
+  // lane per row where every lane of the row ran them (as in the Mamba-2 replay step, bench/NOTES.md "Session 6").
+  // A fold needs u in every lane of the row in the same iteration, so folding steps keep the per-iteration form.
+  float sk_pend = 0.f, sq_pend = 0.f;
+  int pend = -1;
+  int stage = 0;  // it % kStages
   RowPos pos = pos0;
   for (int it = 0; it < n_iter; ++it) {
-    issue(it + kStages - 1);
+    issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
     const RowPos q = pos;
     pos.advance<Layout::kRowsPerIter>(V);
@@ -426,15 +438,39 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     float s[kCols];
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
-      unpack16<src_t>(staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x],
+      unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
                       *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
     }
-    float Sk = 0.f, Sq = 0.f;
+    stage = stage == kStages - 1 ? 0 : stage + 1;
+    float pk[2] = {0.f, 0.f}, pq[2] = {0.f, 0.f};  // two independent chains per product
 #pragma unroll
-    for (int col = 0; col < kCols; ++col) Sk = fmaf(s[col], kv[col], Sk), Sq = fmaf(s[col], qv[col], Sq);
+    for (int col = 0; col < kCols; ++col) pk[col % 2] = fmaf(s[col], kv[col], pk[col % 2]), pq[col % 2] = fmaf(s[col], qv[col], pq[col % 2]);
     const float dcy = decay[hl];
-    Sk *= dcy, Sq *= dcy;
+    float Sk = (pk[0] + pk[1]) * dcy, Sq = (pq[0] + pq[1]) * dcy;
     const float* wh = weight + hl * L;
+    if (!fold) {
+      Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
+      const int k = it % kLanes;
+      if (k == lane_in_row) sk_pend = Sk, sq_pend = Sq, pend = valid ? q.hl << 16 | q.i : -1;
+      if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
+        if (pend >= 0) {
+          const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * V + ip - row_begin;
+          const float* whp = weight + hp * L;
+          float sk = sk_pend, sq = sq_pend;
+#pragma unroll 4
+          for (int j = 0; j < w; ++j) {
+            const float wu = whp[j] * ru[j * ts + rp];
+            sk = fmaf(wu, kk[j], sk), sq = fmaf(wu, kq[j], sq);
+          }
+          const float alpha = al[hp];
+          const float u = bt[hp] * (to_float(vt[rp]) - alpha * sk);
+          out[hp * p.out_head_stride + ip] = from_float<act_t>(alpha * sq + u * kq_t);
+          ring_u_w[hp * c.ring_u_head_stride + ip] = u;
+        }
+        pend = -1;
+      }
+      continue;
+    }
     for (int j = lane_in_row; j < w; j += kLanes) {
       const float wu = wh[j] * ru[j * ts + rl];
       Sk = fmaf(wu, kk[j], Sk), Sq = fmaf(wu, kq[j], Sq);
@@ -442,10 +478,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
     const float alpha = al[hl];
     const float u = bt[hl] * (to_float(vt[rl]) - alpha * Sk);
-    if (valid && lane_in_row == 0) {
-      out[q.hl * p.out_head_stride + q.i] = from_float<act_t>(alpha * Sq + u * kq_t);
-      if (!fold) ring_u_w[q.hl * c.ring_u_head_stride + q.i] = u;
-    }
+    if (valid && lane_in_row == 0) out[q.hl * p.out_head_stride + q.i] = from_float<act_t>(alpha * Sq + u * kq_t);
     if (fold) {  // S_t = alpha (exp(G_w) S_c + sum_j weight_j u_j k_j^T) + u_t k_t^T
       if constexpr (kView) {  // from this lane's columns of the fp32 master row (the view served S k and S q)
 #pragma unroll
@@ -1078,8 +1111,8 @@ int gdn_rows_per_block(int forced, const GdnTokenParams& p, int64_t target_block
   return rows_per_block;
 }
 
-// The verify's launch: 128 threads; rows of a key head's value heads per block enough for ~4 waves of
-// kMinBlocks blocks per SM (each block repeats the window's prologue), at most the key head's rows, and few
+// The verify's launch: 128 threads; rows of a key head's value heads per block enough for ~2 waves of
+// kMinBlocks blocks per SM, split evenly (each block repeats the window's prologue), at most the key head's rows, and few
 // enough that kMinBlocks blocks fit an SM's shared memory; gdn_verify_rows forces a value (any value >= 1).
 // src_t: what the row loop streams (the checkpoint, or an fp32 checkpoint's bf16 view).
 template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks, typename src_t = ckpt_t>
@@ -1093,8 +1126,17 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
     const int staging = kStages * Layout::kVecsPerLane * kThreads * 16;
     return GdnVerifyPassSmem(staging, sizeof(act_t), r, Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens, heads_for(r)).total;
   };
-  const int rows_per_block = gdn_rows_per_block(tune_knob("gdn_verify_rows"), p, int64_t(num_sms()) * 4 * kMinBlocks,
-                                                Layout::kRowsPerIter, kMinBlocks, smem_for);
+  // ~2 waves, the key head's rows split evenly over its blocks: at batch 32 two blocks of 128 rows where ~4 waves
+  // gave three of 96, 96 and 64, 4-8% slower at every T and rate in two runs (bench/NOTES.md "Session 6"); the same
+  // rows as before at batch 1, 128 and 256.
+  const int forced_rows = tune_knob("gdn_verify_rows");
+  int rows_per_block = gdn_rows_per_block(forced_rows, p, int64_t(num_sms()) * 2 * kMinBlocks, Layout::kRowsPerIter, kMinBlocks,
+                                          smem_for);
+  if (forced_rows <= 0) {  // (fewer rows than the rule's: shared memory still fits)
+    const int n = (group_rows + rows_per_block - 1) / rows_per_block;
+    const int even = (group_rows + n - 1) / n;
+    rows_per_block = std::min(rows_per_block, (even + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
+  }
   const int smem = smem_for(rows_per_block);
   gdn_check_smem(smem, p, c.ring_len, "gdn_replay_verify");
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
@@ -1258,6 +1300,8 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
                                                 kMinBlocks, smem_for);
   const int smem = smem_for(rows_per_block);
   gdn_check_smem(smem, p, c.ring_len, "gdn_replay_step");
+  if (p.vdim > 0xffff)  // (the kernel packs a row's index within its value head into 16 bits)
+    throw std::invalid_argument("replayssm: gdn_replay_step on CUDA supports vdim up to 65535, got " + std::to_string(p.vdim));
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
   const GdnTileVec vec = gdn_tile_vec<act_t>(p, rows_per_block, false);
   const int64_t blocks = int64_t(chunks) * p.nkheads * p.batch;
@@ -1282,6 +1326,8 @@ void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream
           using view_t = __nv_bfloat16;
           // K >= 128: 16 columns per lane in six stages (gdn_replay_variant=2's layout; the same bytes in flight as
           // ReplayLanes' 32 columns in three, which spill with the view at 168 registers: ptxas -v, 150 here).
+          if constexpr (kK == 128 && kAct == DType::kBFloat16)
+            if (tune_knob("gdn_view_variant") == 1) return launch_gdn_replay_step<float, act_t, kK, 4, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
           if constexpr (kK >= 128) return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 3, view_t>(p, stream);
           else return launch_gdn_replay_step<float, act_t, kK, 3, ReplayLanes<view_t, kK>::value, 3, view_t>(p, stream);
         } else {
@@ -1289,12 +1335,14 @@ void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream
         }
       }
       if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128) {
-        // The benchmark's configuration: deeper pipelines chosen by REPLAYSSM_TUNE (gdn_replay_variant).
+        // The benchmark's configuration: 16 columns per lane in four stages, 4 blocks per SM (faster than the
+        // generic 3/4/3 by 6-13% at batch 32-128 and level at 256 once the row loop deferred its epilogue,
+        // bench/results/gdn_decode.json); alternatives chosen by REPLAYSSM_TUNE (gdn_replay_variant).
         switch (tune_knob("gdn_replay_variant")) {
+          case 0: break;
           case 1: return launch_gdn_replay_step<float, act_t, kK, 4, 4, 2>(p, stream);
           case 2: return launch_gdn_replay_step<float, act_t, kK, 6, 8, 3>(p, stream);
-          case 3: return launch_gdn_replay_step<float, act_t, kK, 4, 8, 4>(p, stream);
-          default: break;
+          default: return launch_gdn_replay_step<float, act_t, kK, 4, 8, 4>(p, stream);
         }
       }
       return launch_gdn_replay_step<ckpt_t, act_t, kK>(p, stream);
