@@ -123,7 +123,7 @@ STEP_TUNES = ["gdn_step_unroll=2", "gdn_step_unroll=8", "gdn_step_lanes=16", "gd
               "gdn_step_bps=16"]
 REPLAY_TUNES = ["gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=0", "gdn_replay_prefetch=0",
                 "gdn_replay_prefetch=1", "gdn_replay_rows=128", "gdn_replay_bps=16", "gdn_replay_bps=24"]
-VIEW_TUNES = ["gdn_view_variant=1"]
+VIEW_TUNES = ["gdn_view_variant=0"]
 
 
 def main():
