@@ -1091,9 +1091,12 @@ GdnTileVec gdn_tile_vec(const GdnReplayParams& p, int rows_per_block, bool windo
 // iterations: `forced` when set (> 0; at most the key head's rows), else enough blocks for target_blocks, at most
 // the key head's rows, halved until min_blocks blocks fit an SM's shared memory; then halved until one block fits
 // the device (gdn_check_smem reports a shape that still does not). smem_for(rows): a block's bytes.
+// even: the key head's rows split evenly over its blocks instead (each block repeats the prologue, so a ragged last
+// block costs a whole one), and to fit min_blocks per SM the blocks per key head grow one at a time (256 rows:
+// 176 -> 128 -> 88 -> 64, where halving went 176 -> 88).
 template <typename SmemFor>
 int gdn_rows_per_block(int forced, const GdnTokenParams& p, int64_t target_blocks, int rows_per_iter, int min_blocks,
-                       const SmemFor& smem_for) {
+                       const SmemFor& smem_for, bool even = false) {
   const int group_rows = (p.nheads / p.nkheads) * p.vdim;
   int rows_per_block;
   if (forced > 0) {
@@ -1107,7 +1110,15 @@ int gdn_rows_per_block(int forced, const GdnTokenParams& p, int64_t target_block
     while (smem_for(rows_per_block) > limit && rows_per_block > rows_per_iter)
       rows_per_block = std::max(rows_per_iter, rows_per_block / 2 / rows_per_iter * rows_per_iter);
   };
-  if (forced <= 0) halve(smem_per_sm() / min_blocks - 1024);  // 1 KiB per block is the driver's
+  if (forced <= 0 && even) {
+    auto even_rows = [&](int n) { return std::min(group_rows, ((group_rows + n - 1) / n + rows_per_iter - 1) / rows_per_iter * rows_per_iter); };
+    int n = (group_rows + rows_per_block - 1) / rows_per_block;
+    rows_per_block = even_rows(n);
+    while (smem_for(rows_per_block) > smem_per_sm() / min_blocks - 1024 && rows_per_block > rows_per_iter)
+      rows_per_block = even_rows(++n);
+  } else if (forced <= 0) {
+    halve(smem_per_sm() / min_blocks - 1024);  // 1 KiB per block is the driver's
+  }
   halve(max_smem_per_block());
   return rows_per_block;
 }
@@ -1128,16 +1139,11 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
     return GdnVerifyPassSmem(staging, sizeof(act_t), r, Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens, heads_for(r)).total;
   };
   // ~2 waves, the key head's rows split evenly over its blocks: at batch 32 two blocks of 128 rows where ~4 waves
-  // gave three of 96, 96 and 64, 4-8% slower at every T and rate in two runs (bench/NOTES.md "Session 6"); the same
-  // rows as before at batch 1, 128 and 256.
-  const int forced_rows = tune_knob("gdn_verify_rows");
-  int rows_per_block = gdn_rows_per_block(forced_rows, p, int64_t(num_sms()) * 2 * kMinBlocks, Layout::kRowsPerIter, kMinBlocks,
-                                          smem_for);
-  if (forced_rows <= 0) {  // (fewer rows than the rule's: shared memory still fits)
-    const int n = (group_rows + rows_per_block - 1) / rows_per_block;
-    const int even = (group_rows + n - 1) / n;
-    rows_per_block = std::min(rows_per_block, (even + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
-  }
+  // gave three of 96, 96 and 64, 4-8% slower at every T and rate in two runs (bench/NOTES.md "Session 6"); at T = 8
+  // halving for shared memory gave 88 rows where 128 fit, 16-22% slower (session 7). The same rows as before at
+  // batch 1, 128 and 256.
+  const int rows_per_block = gdn_rows_per_block(tune_knob("gdn_verify_rows"), p, int64_t(num_sms()) * 2 * kMinBlocks,
+                                                Layout::kRowsPerIter, kMinBlocks, smem_for, /*even=*/true);
   const int smem = smem_for(rows_per_block);
   gdn_check_smem(smem, p, c.ring_len, "gdn_replay_verify");
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
