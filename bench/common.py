@@ -114,8 +114,13 @@ def environment() -> dict:
     except ImportError:
         pass
     # The commit measured: REPLAYSSM_COMMIT when set (scripts/gpu_job.sh sets it from a .commit file carried
-    # with the tree: the GPU machine's copy of .git may be stale, seen 2026-11-29), else git's HEAD.
+    # with the tree: the GPU machine's copy of .git may be stale, seen 2026-11-29), else that .commit file, else
+    # git's HEAD.
     env["commit"] = os.environ.get("REPLAYSSM_COMMIT", "")
+    commit_file = os.path.join(os.path.dirname(__file__), "..", ".commit")
+    if not env["commit"] and os.path.exists(commit_file):  # (run without gpu_job.sh: seen 2026-12-01)
+        with open(commit_file) as f:
+            env["commit"] = f.read().strip()
     if not env["commit"]:
         try:
             env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
