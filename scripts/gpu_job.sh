@@ -18,7 +18,7 @@
 # variants: like patchtune, but the builds run in parallel (one build's time instead of one per patch). VARIANTS
 # lists NAME=patch+patch... (NAME alone: the tree as it is); each is copied to /tmp/var/NAME, patched and built in
 # place; then each entry of VRUNS, NAME:CMD with CMD mamba2 or gdn (the `--tune` benchmark), runs in order in its
-# copy into $OUT/CMD_NAME.json. The working tree is left as it was.
+# copy into $OUT/CMD_NAME.json (logs in /tmp/var: the call prints their tails). The working tree is left as it was.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -38,10 +38,11 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures
   local name=$1; shift
   echo "=== $name: $*"
   local t0=$SECONDS
-  "$@" > "$OUT/$name.log" 2>&1
+  local log=${LOGDIR:-$OUT}/$name.log  # (LOGDIR: the variants step keeps its logs off $OUT, which returns 8 files)
+  "$@" > "$log" 2>&1
   local rc=$?
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
-  tail -n 25 "$OUT/$name.log"
+  tail -n 25 "$log"
   [ $rc -eq 0 ] || status=1
   return $rc
 }
@@ -88,8 +89,8 @@ for step in $STEPS; do
         name=${v%%=*}; patches=; [ "$name" != "$v" ] && patches=${v#*=}
         mkdir -p /tmp/var/$name
         tar --exclude=./build --exclude=./.git --exclude=./.venv --exclude='./replayssm/_C*.so' -cf - . | tar -xf - -C /tmp/var/$name
-        ( cd /tmp/var/$name && for p in ${patches//+/ }; do git apply "bench/patches/$p.patch" || exit 1; done
-          MAX_JOBS=8 python3 setup.py build_ext --inplace > build.log 2>&1 || exit 1 ) &
+        ( cd /tmp/var/$name && { for p in ${patches//+/ }; do git apply "bench/patches/$p.patch" || exit 1; done
+          MAX_JOBS=8 python3 setup.py build_ext --inplace; } > build.log 2>&1 ) &
       done
       t0=$SECONDS; wait; echo "=== variant builds: $((SECONDS - t0)) s"
       for v in ${VARIANTS:-base}; do name=${v%%=*}
@@ -99,7 +100,7 @@ for step in $STEPS; do
         [ -d /tmp/var/$name ] && ls /tmp/var/$name/replayssm/_C*.so > /dev/null 2>&1 || continue
         script=bench/bench_mamba2.py; [ "$kind" = gdn ] && script=bench/bench_gdn.py
         cd /tmp/var/$name; export PYTHONPATH=/tmp/var/$name
-        run "${kind}_$name" python3 $script --tune --out "$OUT/${kind}_$name.json"
+        LOGDIR=/tmp/var run "${kind}_$name" python3 $script --tune --out "$OUT/${kind}_$name.json"
         unset PYTHONPATH; cd - > /dev/null
       done ;;
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;
