@@ -2,7 +2,7 @@
 # One job on the H200 machine: build for sm_90a, run the tests (CUDA ones included), the demo, the benchmark
 # and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
 # with steps from: build test sanitize racecheck demo bench tune ncu profile stalls profiles spec spectune specview gdn gdntune
-# gdnspec patchtune
+# gdnspec variants
 # (default: build test demo bench ncu). specview: verify on caches with the bf16 output view (issue 5).
 # tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch;
 # stalls: where that launch's warps were sampled, per SASS instruction (bench/ncu_top_stalls.py), and its ncu
@@ -11,14 +11,12 @@
 # spec: speculative verify+commit vs the per-position baseline (issue 3); gdn: the GDN decode steps (issue 4);
 # spectune, gdntune: spec, gdn plus the kernels' alternative launch configurations; gdnspec: GDN verify+commit
 # vs its per-position baseline, with other rows per verify block.
-# patchtune: for each patch of bench/patches named in PATCHES (in order, each on top of the last), apply it, build
-# and run `tune` (or PATCHTUNE_CMD, e.g. "python3 bench/bench_gdn.py --tune") into $OUT/bench_<patch>.json (build
-# logs stay in /tmp unless the build fails): candidate kernel changes prepared without a GPU, measured in one call;
-# the working tree is left with all of them applied. The name `base` in PATCHES measures the tree as it stands.
-# variants: like patchtune, but the builds run in parallel (one build's time instead of one per patch). VARIANTS
-# lists NAME=patch+patch... (NAME alone: the tree as it is); each is copied to /tmp/var/NAME, patched and built in
-# place; then each entry of VRUNS, NAME:CMD with CMD mamba2 or gdn (the `--tune` benchmark), runs in order in its
-# copy into $OUT/CMD_NAME.json (logs in /tmp/var: the call prints their tails). The working tree is left as it was.
+# variants: candidate kernel changes prepared without a GPU, as patch files in bench/patches/, measured in one
+# call, their builds in parallel (one build's time for all). VARIANTS lists NAME=patch+patch... (NAME alone: the
+# tree as it is); each is copied to /tmp/var/NAME, patched and built in place; then each entry of VRUNS,
+# NAME:CMD with CMD mamba2 or gdn (the `--tune` benchmark), runs in order in its copy into $OUT/CMD_NAME.json
+# (logs in /tmp/var: the call prints their tails). The working tree is left as it was. Example (session 7):
+# VARIANTS="base p1=ring-sum-at-flush" VRUNS="base:mamba2 p1:mamba2" bash scripts/gpu_job.sh variants
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -70,19 +68,6 @@ for step in $STEPS; do
       stalls _view replay_step 8 "python3 bench/ncu_mamba2.py --child --view --batch 256"
       stalls _gdnverify gdn_replay_verify 2 "python3 bench/bench_gdn_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json"
       stalls _verify mamba2_replay_verify 2 "python3 bench/bench_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json" ;;
-    patchtune)
-      for patch in ${PATCHES:?patchtune needs PATCHES}; do
-        echo "=== patch $patch"
-        if [ "$patch" = base ]; then :  # the tree as it is: the same run's reference
-        elif ! git apply "bench/patches/$patch.patch" 2>/dev/null && ! patch -p1 < "bench/patches/$patch.patch"; then
-          echo "=== patch $patch does not apply"; status=1; break
-        fi
-        rm -rf build replayssm/_C*.so
-        if ! python3 -m pip install -e . --no-build-isolation --no-deps -v > "/tmp/build_$patch.log" 2>&1; then
-          cp "/tmp/build_$patch.log" "$OUT/"; echo "=== build with $patch failed"; status=1; break
-        fi
-        run "tune_$patch" ${PATCHTUNE_CMD:-python3 bench/bench_mamba2.py --tune} --out "$OUT/bench_$patch.json"
-      done ;;
     variants)
       rm -rf /tmp/var; mkdir -p /tmp/var
       for v in ${VARIANTS:-base}; do
