@@ -14,8 +14,9 @@
 # variants: candidate kernel changes prepared without a GPU, as patch files in bench/patches/, measured in one
 # call, their builds in parallel (one build's time for all). VARIANTS lists NAME=patch+patch... (NAME alone: the
 # tree as it is); each is copied to /tmp/var/NAME, patched and built in place; then each entry of VRUNS,
-# NAME:CMD with CMD mamba2 or gdn (the `--tune` benchmark), runs in order in its copy into $OUT/CMD_NAME.json
-# (logs in /tmp/var: the call prints their tails). The working tree is left as it was. Example (session 7):
+# NAME:KIND with KIND mamba2, gdn, spec or gdnspec (that `--tune` benchmark, plus VBENCH_ARGS, into
+# $OUT/KIND_NAME.json) or test (the CUDA tests, -k VTEST_K when set), runs in order in its copy (logs in /tmp/var:
+# the call prints their tails). The working tree is left as it was. Example (session 7):
 # VARIANTS="base p1=ring-sum-at-flush" VRUNS="base:mamba2 p1:mamba2" bash scripts/gpu_job.sh variants
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,9 +84,13 @@ for step in $STEPS; do
       done
       for r in ${VRUNS:-base:mamba2}; do name=${r%%:*}; kind=${r#*:}
         [ -d /tmp/var/$name ] && ls /tmp/var/$name/replayssm/_C*.so > /dev/null 2>&1 || continue
-        script=bench/bench_mamba2.py; [ "$kind" = gdn ] && script=bench/bench_gdn.py
         cd /tmp/var/$name; export PYTHONPATH=/tmp/var/$name
-        LOGDIR=/tmp/var run "${kind}_$name" python3 $script --tune --out "$OUT/${kind}_$name.json"
+        case $kind in
+          test) LOGDIR=/tmp/var run "test_$name" python3 -m pytest -q -rs tests -m cuda ${VTEST_K:+-k "$VTEST_K"} ;;
+          *) case $kind in mamba2) script=bench_mamba2.py ;; gdn) script=bench_gdn.py ;; spec) script=bench_speculative.py ;;
+               gdnspec) script=bench_gdn_speculative.py ;; *) echo "=== unknown run kind $kind"; status=1; cd - > /dev/null; continue ;; esac
+             LOGDIR=/tmp/var run "${kind}_$name" python3 bench/$script --tune ${VBENCH_ARGS:-} --out "$OUT/${kind}_$name.json" ;;
+        esac
         unset PYTHONPATH; cd - > /dev/null
       done ;;
     spec) run spec python3 bench/bench_speculative.py --out "$OUT/mamba2_speculative.json" ;;

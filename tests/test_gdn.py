@@ -132,7 +132,7 @@ TUNE_CONFIGS = [
     "gdn_step_rows=16,gdn_step_unroll=1,gdn_replay_rows=36,gdn_replay_prefetch=0",  # scalar v tile, ring after the cursor
     "gdn_step_lanes=32,gdn_step_unroll=8,gdn_step_rows=40,gdn_replay_rows=30,gdn_replay_prefetch=1,gdn_replay_variant=2",
     "gdn_step_lanes=4,gdn_step_unroll=2,gdn_replay_variant=1,gdn_replay_rows=64",
-    "gdn_step_lanes=16,gdn_step_bps=64,gdn_replay_variant=3,gdn_replay_bps=64",
+    "gdn_step_lanes=16,gdn_step_bps=64,gdn_replay_variant=0,gdn_replay_bps=64",  # the former 3-stage, 4-lane layout
     "gdn_step_lanes=16,gdn_step_unroll=8,gdn_replay_variant=2,gdn_replay_rows=256",
 ]
 
