@@ -1140,8 +1140,9 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   };
   // ~2 waves, the key head's rows split evenly over its blocks: at batch 32 two blocks of 128 rows where ~4 waves
   // gave three of 96, 96 and 64, 4-8% slower at every T and rate in two runs (bench/NOTES.md "Session 6"); at T = 8
-  // halving for shared memory gave 88 rows where 128 fit, 16-22% slower (session 7). The same rows as before at
-  // batch 1, 128 and 256.
+  // halving for shared memory gave 88 rows (evened to 64) where 128 fit, 1.17-1.27x the time of 128 rows (session 7,
+  // a66ec43's bench/results/gdn_speculative.json). At the benchmark's ring of 32, the same rows as before at batch 1,
+  // 128 and 256 (longer rings at T = 8 get 96 rows where halving gave 64).
   const int rows_per_block = gdn_rows_per_block(tune_knob("gdn_verify_rows"), p, int64_t(num_sms()) * 2 * kMinBlocks,
                                                 Layout::kRowsPerIter, kMinBlocks, smem_for, /*even=*/true);
   const int smem = smem_for(rows_per_block);
