@@ -62,11 +62,11 @@ for step in $STEPS; do
     demo) run demo python3 -m replayssm demo ;;
     bench) run bench python3 bench/bench_mamba2.py --out "$OUT/mamba2_decode.json" ;;
     tune) run tune python3 bench/bench_mamba2.py --tune --out "$OUT/mamba2_decode.json" ;;
-    ncu) run ncu python3 bench/ncu_mamba2.py --out "$OUT/mamba2_ncu.json" ;;
+    ncu) run ncu python3 bench/ncu_bytes.py --out "$OUT/ncu_bytes.json" ;;
     stalls) stalls "${PROFILE_TAG:-}" "${PROFILE_KERNEL:-mamba2_replay_step_kernel}" "${PROFILE_SKIP:-2}" \
-        "${PROFILE_CMD:-python3 bench/ncu_mamba2.py --child --batch ${PROFILE_BATCH:-256}}" ;;
+        "${PROFILE_CMD:-python3 bench/ncu_bytes.py --child --batch ${PROFILE_BATCH:-256}}" ;;
     profiles)  # the three kernels session 5 left unprofiled (bench/NOTES.md, "Next session"), batch 256
-      stalls _view replay_step 8 "python3 bench/ncu_mamba2.py --child --view --batch 256"
+      stalls _view replay_step 8 "python3 bench/ncu_bytes.py --child --view --batch 256"
       stalls _gdnverify gdn_replay_verify 2 "python3 bench/bench_gdn_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json"
       stalls _verify mamba2_replay_verify 2 "python3 bench/bench_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json" ;;
     variants)
@@ -102,7 +102,7 @@ for step in $STEPS; do
     profile) run profile ncu --clock-control none -k regex:${PROFILE_KERNEL:-mamba2_replay_step_kernel} -s 2 -c 1 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats --section SourceCounters \
-        python3 bench/ncu_mamba2.py --child --batch ${PROFILE_BATCH:-256} ;;
+        python3 bench/ncu_bytes.py --child --batch ${PROFILE_BATCH:-256} ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
