@@ -67,7 +67,7 @@ def make_inputs(batch, n_layers, L, gen, device="cuda"):
 STEP_TUNES = ["step_unroll=1", "step_unroll=2", "step_unroll=4", "step_unroll=8", "step_unroll=8,step_bps=2"]
 # (replay_rows=64 and replay_prefetch=1: for batch 1, where the default's 32-row blocks (one row iteration per
 # block, 256 blocks, the ring prefetched) leave the replay slower than the step, and for 32 (~4 waves, no prefetch).)
-REPLAY_TUNES = ["replay_rows=64", "replay_rows=128", "replay_rows=512", "replay_prefetch=0", "replay_prefetch=1", "stream_lean=0"]
+REPLAY_TUNES = ["replay_rows=64", "replay_rows=128", "replay_rows=256", "replay_rows=512", "replay_prefetch=0", "replay_prefetch=1", "stream_lean=0"]
 VIEW_TUNES = ["stream_lean=0", "replay_rows=256", "replay_rows=1024"]  # the view runs the same kernel and launcher as plain caches
 
 
