@@ -60,15 +60,17 @@ def make_inputs(batch, n_layers, L, shape, gen, device):
 
 
 def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
+    """µs per step and layer of every kernel at one batch size, all timed interleaved in one time_interleaved call
+    (with their alternative configurations when tune); smoke: each run once, eagerly, on the CPU."""
     device = "cpu" if smoke else "cuda"
     HV, H, K, V = shape
     state_layer = batch * HV * V * K * 4
     n_layers = 1 if smoke else max(2, math.ceil(4 * common.l2_bytes() / state_layer))
+    per = L * n_layers
     A_log = torch.rand(HV, generator=gen, device=device) * math.log(16.0)
     dt_bias = torch.rand(HV, generator=gen, device=device) - 4.0
     slots = torch.arange(batch, dtype=torch.int32, device=device)
     inputs = make_inputs(batch, n_layers, L, shape, gen, device)
-    timer = (lambda fn: (fn(), 0.0)[1]) if smoke else common.time_graph
     r = {"batch": batch, "layers_rotated": n_layers}
 
     pools = [torch.randn(batch, HV, V, K, generator=gen, device=device) * 0.1 for _ in range(n_layers)]
@@ -78,9 +80,9 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
             for pool, t in zip(pools, step):
                 replayssm.gdn_step(pool, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots, dt_bias=dt_bias,
                                    out=t["out"])
-    r["standard_us"] = timer(standard_cycle) / (L * n_layers)
+    fns = {"standard": standard_cycle}
     if tune:
-        r["standard_tuning_us"] = {k: v / (L * n_layers) for k, v in common.timed_configs(standard_cycle, STEP_TUNES).items()}
+        fns.update(common.tune_entries(standard_cycle, "standard", STEP_TUNES))
 
     if fla is not None and not smoke:
         def fla_cycle():
@@ -89,9 +91,9 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
                     fla(t["q"][:, None], t["k"][:, None], t["v"][:, None], g=t["a"][:, None], beta=t["b"][:, None],
                         initial_state=pool, output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                         A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, state_v_first=True)
-        r["fla_us"] = timer(fla_cycle) / (L * n_layers)
-    del pools
+        fns["fla"] = fla_cycle
 
+    all_caches = {}
     for view in (None, torch.bfloat16):
         name = "replay" if view is None else "replay_view"
         caches = []
@@ -103,18 +105,27 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
             cache.cursor.copy_(torch.randint(0, L, (batch,), generator=gen, device=device, dtype=torch.int32))
             caches.append(cache)
 
-        def replay_cycle():
+        def replay_cycle(caches=caches):
             for step in inputs:
                 for cache, t in zip(caches, step):
                     replayssm.gdn_replay_step(cache, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots,
                                               dt_bias=dt_bias, out=t["out"])
-        before = torch.stack([c.cursor.clone() for c in caches])
-        r[f"{name}_us"] = timer(replay_cycle) / (L * n_layers)
+        all_caches[name], fns[name] = caches, replay_cycle
         if tune:
-            tunes = REPLAY_TUNES if view is None else VIEW_TUNES
-            r[f"{name}_tuning_us"] = {k: v / (L * n_layers) for k, v in common.timed_configs(replay_cycle, tunes).items()}
-        assert torch.equal(before, torch.stack([c.cursor for c in caches])), "cursors did not advance full cycles"
-        del caches
+            fns.update(common.tune_entries(replay_cycle, name, REPLAY_TUNES if view is None else VIEW_TUNES))
+    before = {name: torch.stack([c.cursor.clone() for c in caches]) for name, caches in all_caches.items()}
+    if smoke:
+        times = {name: (fns[name](), 0.0)[1] for name in ("standard", "replay", "replay_view")}
+    else:
+        times, spreads = common.time_interleaved(fns)
+        r["round_spread"] = common.spread_names(spreads)
+    for name, caches in all_caches.items():
+        assert torch.equal(before[name], torch.stack([c.cursor for c in caches])), "cursors did not advance full cycles"
+    for name in ("standard", "fla", "replay", "replay_view"):
+        if name in times:
+            r[f"{name}_us"] = times[name] / per
+        if tune and name != "fla":
+            r[f"{name}_tuning_us"] = common.tunings(times, name, per)
     return r
 
 

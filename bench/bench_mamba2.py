@@ -72,8 +72,11 @@ VIEW_TUNES = ["stream_lean=0", "replay_rows=256", "replay_rows=1024"]  # the vie
 
 
 def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
+    """µs per step and layer of every kernel at one batch size, all timed interleaved in one time_interleaved call
+    (with their alternative configurations when tune)."""
     state_layer = batch * H * P * N * 4
     n_layers = max(2, math.ceil(4 * common.l2_bytes() / state_layer))
+    per = L * n_layers
     A = -torch.exp(torch.rand(H, generator=gen, device="cuda") * math.log(16.0))
     dt_bias = torch.rand(H, generator=gen, device="cuda") - 4.0
     D = torch.randn(H, generator=gen, device="cuda")
@@ -88,9 +91,9 @@ def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
         for step in inputs:
             for pool, t in zip(pools, step):
                 replayssm.mamba2_step(pool, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots, out=t["out"], **kw)
-    result["standard_us"] = common.time_graph(standard_cycle) / (L * n_layers)
+    fns = {"standard": standard_cycle}
     if tune:
-        result["standard_tuning_us"] = {k: v / (L * n_layers) for k, v in common.timed_configs(standard_cycle, STEP_TUNES).items()}
+        fns.update(common.tune_entries(standard_cycle, "standard", STEP_TUNES))
 
     if ssu is not None:
         A_t = A[:, None, None].expand(H, P, N)
@@ -102,18 +105,34 @@ def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
                 for pool, t, dt in zip(pools, step, dstep):
                     ssu(pool, t["x"], dt, A_t, t["B"], t["C"], D=D_t, z=t["z"], dt_bias=bias_t, dt_softplus=True,
                         state_batch_indices=slots)
-        result["mamba_ssm_us"] = common.time_graph(ssu_cycle) / (L * n_layers)
-    del pools
-    torch.cuda.empty_cache()
+        fns["mamba_ssm"] = ssu_cycle
 
+    all_caches = {}
     for view in (None, torch.bfloat16):
-        replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, result, view, tune)
+        name = "replay" if view is None else "replay_view"
+        all_caches[name], fns[name] = replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view)
+        tunes = REPLAY_TUNES if view is None else VIEW_TUNES
+        if tune:
+            fns.update(common.tune_entries(fns[name], name, tunes))
+    cursors_before = {name: torch.stack([c.cursor.clone() for c in caches]) for name, caches in all_caches.items()}
+    times, spreads = common.time_interleaved(fns)
+    # Every replay of a cycle is L steps: cursors come back where they started, having gone all the way round.
+    for name, caches in all_caches.items():
+        assert torch.equal(cursors_before[name], torch.stack([c.cursor for c in caches])), "cursors did not advance a full cycle"
+    for name in ("standard", "mamba_ssm", "replay", "replay_view"):
+        if name in times:
+            result[f"{name}_us"] = times[name] / per
+        if tune and name != "mamba_ssm":
+            result[f"{name}_tuning_us"] = common.tunings(times, name, per)
+    result["round_spread"] = common.spread_names(spreads)
+    del pools, all_caches
+    torch.cuda.empty_cache()
     return result
 
 
-def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, result, view, tune):
-    """Times the replay step over a full cycle on fresh caches (with the bf16 output view when view is set)."""
-    name = "replay" if view is None else "replay_view"
+def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view):
+    """Fresh caches (with the bf16 output view when view is set), cursors staggered, and the function that runs
+    the replay step over one full cycle on them."""
     caches = []
     for _ in range(n_layers):
         cache = Mamba2ReplayCache.allocate(batch, H, P, G, N, ring_len=L, act_dtype=ACT, output_view=view, device="cuda")
@@ -128,15 +147,7 @@ def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, result, view, t
             for cache, t in zip(caches, step):
                 replayssm.mamba2_replay_step(cache, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots,
                                              out=t["out"], **kw)
-    cursors_before = torch.stack([c.cursor.clone() for c in caches])
-    result[f"{name}_us"] = common.time_graph(replay_cycle) / (L * n_layers)
-    tunes = REPLAY_TUNES if view is None else VIEW_TUNES
-    if tune and tunes:
-        result[f"{name}_tuning_us"] = {k: v / (L * n_layers) for k, v in common.timed_configs(replay_cycle, tunes).items()}
-    # Every replay of the cycle is L steps: cursors come back where they started, having gone all the way round.
-    assert torch.equal(cursors_before, torch.stack([c.cursor for c in caches])), "cursors did not advance a full cycle"
-    del caches
-    torch.cuda.empty_cache()
+    return caches, replay_cycle
 
 
 def main():

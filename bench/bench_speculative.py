@@ -165,12 +165,19 @@ def bench(kind, batch, T, rate, L, steps, shape, gen, smoke=False, tune=False) -
         run(kind.baseline_step)()
         return {"batch": batch, "T": T, "rate": rate, "bytes": nbytes}
     r = {"batch": batch, "T": T, "rate": rate, "ring_len": L, "steps": steps, "layers_rotated": n_layers, "bytes": nbytes}
-    # Both timings run `steps` steps per replay; cursors and heads go on from where they were (the steady state).
-    r["verify_us"] = common.time_graph(run(kind.verify_step)) / (steps * n_layers)
-    r["baseline_us"] = common.time_graph(run(kind.baseline_step)) / (steps * n_layers)
+    # Every graph runs `steps` steps per replay; cursors and heads go on from where they were (the steady state).
+    # All timed interleaved (common.time_interleaved).
+    fns = {"verify": run(kind.verify_step), "baseline": run(kind.baseline_step)}
+    if tune:
+        fns.update(common.tune_entries(fns["verify"], "verify", kind.tunes))
+    times, spreads = common.time_interleaved(fns)
+    per = steps * n_layers
+    r["verify_us"] = times["verify"] / per
+    r["baseline_us"] = times["baseline"] / per
     r["speedup"] = r["baseline_us"] / r["verify_us"]
     if tune:
-        r["verify_tuning_us"] = {k: v / (steps * n_layers) for k, v in common.timed_configs(run(kind.verify_step), kind.tunes).items()}
+        r["verify_tuning_us"] = common.tunings(times, "verify", per)
+    r["round_spread"] = common.spread_names(spreads)
     return r
 
 
@@ -220,6 +227,7 @@ def main(kind=MAMBA2):
     for r in rows:
         print(f"{r['batch']:>5} {r['T']:>2} {r['rate']:>5.2f} {r['baseline_us']:>9.1f} {r['verify_us']:>8.1f} "
               f"{r['verify_floor_us']:>7.1f} {r['speedup']:>7.2f}x {r['verify_over_replay_step']:>7.2f}x  "
+              f"(spread {100 * max(r['round_spread'].values()):.1f}%) "
               + " ".join(f"{k}: {v:.1f}" for k, v in r.get("verify_tuning_us", {}).items()))
 
 

@@ -1,5 +1,6 @@
 """Timing as a serving engine runs decode steps: whole cycles captured in CUDA graphs, replayed, timed with
-events (median), on data spread over enough independent layers that nothing is served from L2."""
+events (median), on data spread over enough independent layers that nothing is served from L2. The versions
+compared in one table are timed interleaved, in rounds (time_interleaved)."""
 from __future__ import annotations
 
 import json
@@ -21,48 +22,93 @@ def l2_bytes() -> int:
     return getattr(props, "L2_cache_size", L2_BYTES) or L2_BYTES
 
 
-def time_graph(fn: Callable[[], None], replays: int = 20, warmup: int = 3, warmup_s: float = 0.05) -> float:
-    """Median µs of one replay of a CUDA graph that captures fn(), after at least `warmup` replays and
-    `warmup_s` seconds of them."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm-up outside the graph (Triton compiles, lazy module loads)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    n, t_end = 0, time.perf_counter() + warmup_s
-    while n < warmup or time.perf_counter() < t_end:
-        graph.replay()
-        torch.cuda.synchronize()
-        n += 1
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    del graph
-    return statistics.median(times)
+ROUNDS = 5  # rounds of time_interleaved
 
 
-def timed_configs(fn: Callable[[], None], tunes) -> dict:
-    """µs of fn's graph (time_graph) under each REPLAYSSM_TUNE setting in tunes, the environment restored after;
-    then the default timed again ("default again"): the spread between two timings of one version, beside the
-    differences between versions (bench/NOTES.md, session 7)."""
-    out = {}
-    for tune in tunes:
+def capture(fn: Callable[[], None], tune: str | None = None) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of fn(), captured after one eager run on a side stream (Triton compiles, lazy module loads),
+    with REPLAYSSM_TUNE=tune during both when tune is given (the extension reads it at every launch, so the
+    graph keeps the configuration), the environment restored after."""
+    old = os.environ.get("REPLAYSSM_TUNE")
+    if tune is not None:
         os.environ["REPLAYSSM_TUNE"] = tune
-        try:
-            out[tune] = time_graph(fn)
-        finally:
-            del os.environ["REPLAYSSM_TUNE"]
-    out["default again"] = time_graph(fn)
-    return out
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    finally:
+        if tune is not None:
+            if old is None:
+                del os.environ["REPLAYSSM_TUNE"]
+            else:
+                os.environ["REPLAYSSM_TUNE"] = old
+    return graph
+
+
+def time_interleaved(fns: dict, rounds: int = ROUNDS, replays: int = 10, warmup_s: float = 0.05):
+    """Median µs of one replay of each graph, and each one's spread between rounds.
+
+    fns: {name: fn or (fn, tune)}; every graph is captured first (`capture`), all are replayed round-robin for
+    at least warmup_s, then timed in `rounds` rounds, each replaying every graph `replays` times (one replay each,
+    event-timed; the order rotates from round to round). The median is over all of a graph's replays; the spread
+    is max/min - 1 of its per-round medians. Interleaving puts every version under the same conditions: timed one
+    after the other, two timings of one version differed by up to 9% on the H200 (bench/NOTES.md, session 8).
+    """
+    graphs = {}
+    for name, f in fns.items():
+        fn, tune = f if isinstance(f, tuple) else (f, None)
+        graphs[name] = capture(fn, tune)
+    names = list(graphs)
+    t_end = time.perf_counter() + warmup_s
+    for n in range(3):  # at least three replays of each, and warmup_s in all
+        for name in names:
+            graphs[name].replay()
+        torch.cuda.synchronize()
+    while time.perf_counter() < t_end:
+        for name in names:
+            graphs[name].replay()
+        torch.cuda.synchronize()
+    samples = {name: [] for name in names}
+    per_round = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            graph = graphs[name]
+            graph.replay()  # untimed: the previous graph's tail and this one's first-touch effects
+            times = []
+            for _ in range(replays):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e3)
+            samples[name] += times
+            per_round[name].append(statistics.median(times))
+    del graphs
+    medians = {name: statistics.median(v) for name, v in samples.items()}
+    spreads = {name: max(v) / min(v) - 1.0 for name, v in per_round.items()}
+    return medians, spreads
+
+
+def time_graph(fn: Callable[[], None], replays: int = 20) -> float:
+    """Median µs of one replay of a CUDA graph of fn() (time_interleaved of fn alone, one round)."""
+    return time_interleaved({"fn": fn}, rounds=1, replays=replays)[0]["fn"]
+
+
+def tune_entries(fn: Callable[[], None], kind: str, tunes) -> dict:
+    """time_interleaved entries {(kind, tune): (fn, tune)}: fn under each alternative launch configuration."""
+    return {(kind, tune): (fn, tune) for tune in tunes}
+
+
+def tunings(times: dict, kind: str, per: float) -> dict:
+    """{tune: µs per step} of kind's alternative configurations in time_interleaved's medians."""
+    return {k[1]: v / per for k, v in times.items() if isinstance(k, tuple) and k[0] == kind}
 
 
 def decode_ratios(r: dict, nbytes: dict, bw: dict) -> None:
@@ -88,6 +134,20 @@ def print_view_and_tunings(rows: list) -> None:
         for kind in ("standard", "replay", "replay_view"):
             for tune, us in r.get(f"{kind}_tuning_us", {}).items():
                 print(f"  batch {r['batch']:>3} {kind:>8} {tune:<28} {us:8.1f} us (default {r[f'{kind}_us']:.1f})")
+    for r in rows:
+        print_spread(r)
+
+
+def spread_names(spreads: dict) -> dict:
+    """time_interleaved's spreads with JSON keys ("kind|tune" for an alternative configuration)."""
+    return {"|".join(k) if isinstance(k, tuple) else k: v for k, v in spreads.items()}
+
+
+def print_spread(r: dict) -> None:
+    if r.get("round_spread"):
+        worst = max(r["round_spread"], key=r["round_spread"].get)
+        print(f"  batch {r['batch']:>3} spread between rounds: at most {100 * r['round_spread'][worst]:.1f}% ({worst}), "
+              f"median {100 * statistics.median(r['round_spread'].values()):.1f}%")
 
 
 def measure_bandwidth(nbytes: int = 4 * 2**30) -> dict:
