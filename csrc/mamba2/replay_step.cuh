@@ -371,7 +371,13 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   // At most kThreads heads per block (the decays take a thread per head; a block that straddles heads holds one
   // more than rows / headdim).
   constexpr int kMaxRows = 128 * 1024 / (kN * int(sizeof(src_t)));
-  int rows_per_block = static_cast<int>(std::min<int64_t>({rows, group_rows, forced_rows > 0 ? int64_t(1) << 20 : std::max(kMaxRows, Layout::kRowsPerIter),
+  // 16-bit rows of N = 128 (the view): past 256 rows only while the grid still has ~8 waves of 3 blocks per SM (batch 128:
+  // 256 rows 135.8 us against 512's 140.0; batch 256: 512 rows 231.8 against 256's 247.7; H200, session 8,
+  // interleaved timings, bench/results/mamba2_decode.json).
+  int max_rows = std::max(kMaxRows, Layout::kRowsPerIter);
+  if constexpr (sizeof(src_t) == 2 && kN == 128)
+    if (groups_total * group_rows < int64_t(num_sms()) * 3 * 8 * kMaxRows) max_rows = std::max(256, Layout::kRowsPerIter);
+  int rows_per_block = static_cast<int>(std::min<int64_t>({rows, group_rows, forced_rows > 0 ? int64_t(1) << 20 : max_rows,
                                                           int64_t(kThreads - 1) * p.headdim}));
   auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
   auto smem_for = [&](int r) {
