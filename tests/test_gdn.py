@@ -134,6 +134,9 @@ TUNE_CONFIGS = [
     "gdn_step_lanes=4,gdn_step_unroll=2,gdn_replay_variant=1,gdn_replay_rows=64",
     "gdn_step_lanes=16,gdn_step_bps=64,gdn_replay_variant=0,gdn_replay_bps=64",  # the former 3-stage, 4-lane layout
     "gdn_step_lanes=16,gdn_step_unroll=8,gdn_replay_variant=2,gdn_replay_rows=256",
+    "gdn_step_threads=32",  # one-warp blocks, each looping over a head's rows
+    "gdn_step_threads=32,gdn_step_rows=12",  # one-warp blocks, rows over several blocks, a partial row group
+    "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4",
 ]
 
 

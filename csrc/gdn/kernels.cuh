@@ -27,6 +27,7 @@
 //   gdn_step_lanes     lanes per state row: 4, 8 (default: 16 columns per lane), 16, 32
 //   gdn_step_bps       blocks per SM the row split aims at when batch * HV is small (default 8)
 //   gdn_step_rows      rows of a head per block (forced; any value >= 1)
+//   gdn_step_threads   32: one-warp blocks (8 lanes per row, gdn_step_unroll 1 or 2 (default), 16 blocks/SM)
 //   gdn_replay_variant default: 4 stages, 8 lanes per row, 4 blocks/SM; 0: 3 stages, 4 lanes, 3 blocks/SM (the
 //                      default before 2026-12-01); 1: 4 stages, 4 lanes, 2 blocks/SM; 2: 6 stages, 8 lanes, 3 blocks/SM
 //                      (plain caches; a cache with a view has its own configuration, any activation dtype and K)
@@ -1226,9 +1227,8 @@ void gdn_replay_state_cuda_for_ckpt(const GdnReplayStateParams& p, cudaStream_t 
 
 // kMinBlocks: blocks per SM the compiler is asked to fit (__launch_bounds__), chosen per variant from ptxas -v so
 // that nothing spills (4 for the default: 128 registers).
-template <typename state_t, typename act_t, int kK, int kUnroll, int kLanes, int kMinBlocks>
+template <typename state_t, typename act_t, int kK, int kUnroll, int kLanes, int kMinBlocks, int kThreads = 128>
 void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream) {
-  constexpr int kThreads = 128;
   using Layout = RowLayout<state_t, kK, kThreads, kUnroll, kLanes>;
   constexpr int kRowGroup = Layout::kWarps * Layout::kRowsPerWarp;  // rows of one unrolled load
   // Split a head's rows over blocks only as far as needed to keep every SM busy with several blocks.
@@ -1258,6 +1258,10 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
       if constexpr (kState == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128) {
         // The benchmark's configuration: alternatives chosen by REPLAYSSM_TUNE (gdn_step_lanes, gdn_step_unroll).
         const int lanes = tune_knob("gdn_step_lanes"), unroll = tune_knob("gdn_step_unroll");
+        if (tune_knob("gdn_step_threads") == 32) {  // one-warp blocks (fla's fused recurrent kernel's shape)
+          if (unroll == 1) return launch_gdn_step<float, act_t, kK, 1, 8, 16, 32>(p, stream);
+          return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32>(p, stream);
+        }
         if (lanes == 4) switch (unroll) {  // 32 columns per lane
             case 1: return launch_gdn_step<float, act_t, kK, 1, 4, 3>(p, stream);
             case 2: return launch_gdn_step<float, act_t, kK, 2, 4, 3>(p, stream);
