@@ -113,19 +113,13 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
         all_caches[name], fns[name] = caches, replay_cycle
         if tune:
             fns.update(common.tune_entries(replay_cycle, name, REPLAY_TUNES if view is None else VIEW_TUNES))
-    before = {name: torch.stack([c.cursor.clone() for c in caches]) for name, caches in all_caches.items()}
+    before = common.cursors_of(all_caches)
     if smoke:
         times = {name: (fns[name](), 0.0)[1] for name in ("standard", "replay", "replay_view")}
     else:
         times, spreads = common.time_interleaved(fns)
         r["round_spread"] = common.spread_names(spreads)
-    for name, caches in all_caches.items():
-        assert torch.equal(before[name], torch.stack([c.cursor for c in caches])), "cursors did not advance full cycles"
-    for name in ("standard", "fla", "replay", "replay_view"):
-        if name in times:
-            r[f"{name}_us"] = times[name] / per
-        if tune and name != "fla":
-            r[f"{name}_tuning_us"] = common.tunings(times, name, per)
+    common.decode_times(r, times, per, tune, "fla", all_caches, before)
     return r
 
 
@@ -133,7 +127,11 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
 STEP_TUNES = ["gdn_step_unroll=2", "gdn_step_unroll=8", "gdn_step_lanes=16", "gdn_step_lanes=32", "gdn_step_bps=4",
               "gdn_step_bps=16", "gdn_step_rows=64", "gdn_step_rows=32",
               "gdn_step_threads=32", "gdn_step_threads=32,gdn_step_rows=8", "gdn_step_threads=32,gdn_step_rows=16",
-              "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4", "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=8"]
+              "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4", "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=8",
+              "gdn_step_threads=32,gdn_step_rows=64", "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_rows=8",
+              "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_rows=16", "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_rows=32",
+              "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=4",
+              "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=8"]
 REPLAY_TUNES = ["gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=0", "gdn_replay_prefetch=0",
                 "gdn_replay_prefetch=1", "gdn_replay_rows=32", "gdn_replay_rows=64", "gdn_replay_rows=128", "gdn_replay_rows=256", "gdn_replay_bps=8",
                 "gdn_replay_bps=16", "gdn_replay_bps=24"]

@@ -114,16 +114,9 @@ def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
         tunes = REPLAY_TUNES if view is None else VIEW_TUNES
         if tune:
             fns.update(common.tune_entries(fns[name], name, tunes))
-    cursors_before = {name: torch.stack([c.cursor.clone() for c in caches]) for name, caches in all_caches.items()}
+    before = common.cursors_of(all_caches)
     times, spreads = common.time_interleaved(fns)
-    # Every replay of a cycle is L steps: cursors come back where they started, having gone all the way round.
-    for name, caches in all_caches.items():
-        assert torch.equal(cursors_before[name], torch.stack([c.cursor for c in caches])), "cursors did not advance a full cycle"
-    for name in ("standard", "mamba_ssm", "replay", "replay_view"):
-        if name in times:
-            result[f"{name}_us"] = times[name] / per
-        if tune and name != "mamba_ssm":
-            result[f"{name}_tuning_us"] = common.tunings(times, name, per)
+    common.decode_times(result, times, per, tune, "mamba_ssm", all_caches, before)
     result["round_spread"] = common.spread_names(spreads)
     del pools, all_caches
     torch.cuda.empty_cache()

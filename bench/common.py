@@ -106,6 +106,25 @@ def tune_entries(fn: Callable[[], None], kind: str, tunes) -> dict:
     return {(kind, tune): (fn, tune) for tune in tunes}
 
 
+def cursors_of(all_caches: dict) -> dict:
+    """{name: the stacked cursors of its caches}, to check after timing that every replay went full cycles."""
+    return {name: torch.stack([c.cursor.clone() for c in caches]) for name, caches in all_caches.items()}
+
+
+def decode_times(r: dict, times: dict, per: float, tune: bool, baseline: str, all_caches: dict, before: dict) -> None:
+    """Fills r with µs per step and layer of the standard step, the baseline (mamba_ssm or fla), the replay step and
+    the view (and with tune their alternative configurations) from time_interleaved's medians of graphs of `per`
+    steps; asserts that every replay left the cursors where they started (a cycle is L steps: all the way round)."""
+    after = cursors_of(all_caches)
+    for name in before:
+        assert torch.equal(before[name], after[name]), f"{name}: cursors did not advance full cycles"
+    for name in ("standard", baseline, "replay", "replay_view"):
+        if name in times:
+            r[f"{name}_us"] = times[name] / per
+        if tune and name != baseline:
+            r[f"{name}_tuning_us"] = tunings(times, name, per)
+
+
 def tunings(times: dict, kind: str, per: float) -> dict:
     """{tune: µs per step} of kind's alternative configurations in time_interleaved's medians."""
     return {k[1]: v / per for k, v in times.items() if isinstance(k, tuple) and k[0] == kind}

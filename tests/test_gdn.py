@@ -137,6 +137,8 @@ TUNE_CONFIGS = [
     "gdn_step_threads=32",  # one-warp blocks, each looping over a head's rows
     "gdn_step_threads=32,gdn_step_rows=12",  # one-warp blocks, rows over several blocks, a partial row group
     "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4",
+    "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_rows=8",  # a row across the warp, 8 rows per block
+    "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=20",  # rows over blocks, a partial group
 ]
 
 

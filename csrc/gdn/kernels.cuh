@@ -27,7 +27,8 @@
 //   gdn_step_lanes     lanes per state row: 4, 8 (default: 16 columns per lane), 16, 32
 //   gdn_step_bps       blocks per SM the row split aims at when batch * HV is small (default 8)
 //   gdn_step_rows      rows of a head per block (forced; any value >= 1)
-//   gdn_step_threads   32: one-warp blocks (8 lanes per row, gdn_step_unroll 1 or 2 (default), 16 blocks/SM)
+//   gdn_step_threads   32: one-warp blocks (8 lanes per row, gdn_step_unroll 1 or 2 (default), 16 blocks/SM; with
+//                      gdn_step_lanes=32: a row across the warp, gdn_step_unroll 8 (default, 24 blocks/SM) or 4 (32))
 //   gdn_replay_variant default: 4 stages, 8 lanes per row, 4 blocks/SM; 0: 3 stages, 4 lanes, 3 blocks/SM (the
 //                      default before 2026-12-01); 1: 4 stages, 4 lanes, 2 blocks/SM; 2: 6 stages, 8 lanes, 3 blocks/SM
 //                      (plain caches; a cache with a view has its own configuration, any activation dtype and K)
@@ -1259,6 +1260,10 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
         // The benchmark's configuration: alternatives chosen by REPLAYSSM_TUNE (gdn_step_lanes, gdn_step_unroll).
         const int lanes = tune_knob("gdn_step_lanes"), unroll = tune_knob("gdn_step_unroll");
         if (tune_knob("gdn_step_threads") == 32) {  // one-warp blocks (fla's fused recurrent kernel's shape)
+          if (lanes == 32) {  // a row across the warp, 4 columns per lane: few registers, many blocks per SM
+            if (unroll == 4) return launch_gdn_step<float, act_t, kK, 4, 32, 32, 32>(p, stream);  // 60 registers
+            return launch_gdn_step<float, act_t, kK, 8, 32, 24, 32>(p, stream);                   // 80 registers
+          }
           if (unroll == 1) return launch_gdn_step<float, act_t, kK, 1, 8, 16, 32>(p, stream);
           return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32>(p, stream);
         }
