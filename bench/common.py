@@ -66,7 +66,7 @@ def time_interleaved(fns: dict, rounds: int = ROUNDS, replays: int = 10, warmup_
         graphs[name] = capture(fn, tune)
     names = list(graphs)
     t_end = time.perf_counter() + warmup_s
-    for n in range(3):  # at least three replays of each, and warmup_s in all
+    for _ in range(3):  # at least three replays of each, and warmup_s in all
         for name in names:
             graphs[name].replay()
         torch.cuda.synchronize()

@@ -1257,7 +1257,8 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
     RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
       using act_t = typename CudaType<kAct>::type;
       if constexpr (kState == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128) {
-        // The benchmark's configuration: alternatives chosen by REPLAYSSM_TUNE (gdn_step_lanes, gdn_step_unroll).
+        // The benchmark's configuration: alternatives chosen by REPLAYSSM_TUNE (gdn_step_threads, gdn_step_lanes,
+        // gdn_step_unroll).
         const int lanes = tune_knob("gdn_step_lanes"), unroll = tune_knob("gdn_step_unroll");
         if (tune_knob("gdn_step_threads") == 32) {  // one-warp blocks (fla's fused recurrent kernel's shape)
           if (lanes == 32) {  // a row across the warp, 4 columns per lane: few registers, many blocks per SM

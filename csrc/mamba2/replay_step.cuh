@@ -373,7 +373,8 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   constexpr int kMaxRows = 128 * 1024 / (kN * int(sizeof(src_t)));
   // 16-bit rows of N = 128 (the view): past 256 rows only while the grid still has ~8 waves of 3 blocks per SM (batch 128:
   // 256 rows 135.8 us against 512's 140.0; batch 256: 512 rows 231.8 against 256's 247.7; H200, session 8,
-  // interleaved timings, bench/results/mamba2_decode.json).
+  // interleaved timings, bench/results/session8/mamba2_decode_0279ce1.json; with the rule, 135.9 us at 128 in
+  // bench/results/mamba2_decode.json).
   int max_rows = std::max(kMaxRows, Layout::kRowsPerIter);
   if constexpr (sizeof(src_t) == 2 && kN == 128)
     if (groups_total * group_rows < int64_t(num_sms()) * 3 * 8 * kMaxRows) max_rows = std::max(256, Layout::kRowsPerIter);
