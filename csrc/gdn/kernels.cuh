@@ -23,12 +23,16 @@
 //
 // Launch-configuration knobs (REPLAYSSM_TUNE="key=value,...", common/cuda_utils.cuh; read at every launch; the
 // variants exist for fp32 state/checkpoint, bf16 activations, K = 128 only, the benchmark's configuration):
-//   gdn_step_unroll    rows in flight per thread: 1, 2, 4 (default), 8 (not with 4 lanes: it would spill)
+//   The step's default (no gdn_step_* knob but bps/rows): one-warp blocks, 8 lanes per row, 2 rows in flight per
+//   thread, at most 64 rows per block. Setting gdn_step_unroll or gdn_step_lanes alone selects 128-thread blocks:
+//   gdn_step_unroll    rows in flight per thread: 1, 2, 4 (128 threads' default), 8 (not with 4 lanes: it spills)
 //   gdn_step_lanes     lanes per state row: 4, 8 (default: 16 columns per lane), 16, 32
 //   gdn_step_bps       blocks per SM the row split aims at when batch * HV is small (default 8)
 //   gdn_step_rows      rows of a head per block (forced; any value >= 1)
-//   gdn_step_threads   32: one-warp blocks (8 lanes per row, gdn_step_unroll 1 or 2 (default), 16 blocks/SM; with
-//                      gdn_step_lanes=32: a row across the warp, gdn_step_unroll 8 (default, 24 blocks/SM) or 4 (32))
+//   gdn_step_threads   128: the 128-thread kernel (4 rows in flight per thread, 4 blocks/SM; the default before
+//                      session 9); 32: one-warp blocks (8 lanes per row, gdn_step_unroll 1 or 2 (default), 16
+//                      blocks/SM, rows per block not capped; with gdn_step_lanes=32: a row across the warp,
+//                      gdn_step_unroll 8 (default, 24 blocks/SM) or 4 (32))
 //   gdn_replay_variant default: 4 stages, 8 lanes per row, 4 blocks/SM; 0: 3 stages, 4 lanes, 3 blocks/SM (the
 //                      default before 2026-12-01); 1: 4 stages, 4 lanes, 2 blocks/SM; 2: 6 stages, 8 lanes, 3 blocks/SM
 //                      (plain caches; a cache with a view has its own configuration, any activation dtype and K)
@@ -431,6 +435,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   int pend = -1;
   int stage = 0;  // it % kStages
   RowPos pos = pos0;
+  // A fold of a viewed checkpoint reads the fp32 master row of each iteration: loaded one iteration ahead (the
+  // first before the loop), so that the loads' latency overlaps an iteration's work instead of stalling it.
+  float mnext[kView ? kCols : 1];
+  auto load_master = [&](const RowPos& r) {
+    if constexpr (kView) {
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+        for (int e = 0; e < Layout::kVec; e += 4) {
+          const float4 m = r.r < row_end ? __ldcs(reinterpret_cast<const float4*>(master_row(r) + Layout::col(lane_in_row, v, e)))
+                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+          mnext[v * Layout::kVec + e] = m.x, mnext[v * Layout::kVec + e + 1] = m.y, mnext[v * Layout::kVec + e + 2] = m.z,
+                                    mnext[v * Layout::kVec + e + 3] = m.w;
+        }
+    }
+  };
+  if (kView && fold) load_master(pos0);
   for (int it = 0; it < n_iter; ++it) {
     issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
@@ -483,16 +504,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const float u = bt[hl] * (to_float(vt[rl]) - alpha * Sk);
     if (valid && lane_in_row == 0) out[q.hl * p.out_head_stride + q.i] = from_float<act_t>(alpha * Sq + u * kq_t);
     if (fold) {  // S_t = alpha (exp(G_w) S_c + sum_j weight_j u_j k_j^T) + u_t k_t^T
-      if constexpr (kView) {  // from this lane's columns of the fp32 master row (the view served S k and S q)
+      if constexpr (kView) {  // this lane's columns of the fp32 master row (the view served S k and S q), then the next
 #pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-          for (int e = 0; e < Layout::kVec; e += 4) {
-            const float4 m = valid ? __ldcs(reinterpret_cast<const float4*>(master_row(q) + Layout::col(lane_in_row, v, e)))
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-            s[v * Layout::kVec + e] = m.x, s[v * Layout::kVec + e + 1] = m.y, s[v * Layout::kVec + e + 2] = m.z,
-                                 s[v * Layout::kVec + e + 3] = m.w;
-          }
+        for (int col = 0; col < kCols; ++col) s[col] = mnext[col];
+        if (it + 1 < n_iter) load_master(pos);
       }
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= dcy;
@@ -1228,8 +1243,9 @@ void gdn_replay_state_cuda_for_ckpt(const GdnReplayStateParams& p, cudaStream_t 
 
 // kMinBlocks: blocks per SM the compiler is asked to fit (__launch_bounds__), chosen per variant from ptxas -v so
 // that nothing spills (4 for the default: 128 registers).
+// max_rows (0: none) caps the rows per block that the split chooses (not a forced gdn_step_rows).
 template <typename state_t, typename act_t, int kK, int kUnroll, int kLanes, int kMinBlocks, int kThreads = 128>
-void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream) {
+void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream, const int max_rows = 0) {
   using Layout = RowLayout<state_t, kK, kThreads, kUnroll, kLanes>;
   constexpr int kRowGroup = Layout::kWarps * Layout::kRowsPerWarp;  // rows of one unrolled load
   // Split a head's rows over blocks only as far as needed to keep every SM busy with several blocks.
@@ -1242,6 +1258,7 @@ void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream) {
     chunks = std::max(1, std::min(chunks, max_chunks));
     rows = (p.vdim + chunks - 1) / chunks;
     rows = (rows + kRowGroup - 1) / kRowGroup * kRowGroup;
+    if (max_rows > 0) rows = std::min(rows, std::max(kRowGroup, max_rows / kRowGroup * kRowGroup));
   }
   rows = std::min(rows, p.vdim);
   const int chunks = (p.vdim + rows - 1) / rows;
@@ -1260,13 +1277,18 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
         // The benchmark's configuration: alternatives chosen by REPLAYSSM_TUNE (gdn_step_threads, gdn_step_lanes,
         // gdn_step_unroll).
         const int lanes = tune_knob("gdn_step_lanes"), unroll = tune_knob("gdn_step_unroll");
-        if (tune_knob("gdn_step_threads") == 32) {  // one-warp blocks (fla's fused recurrent kernel's shape)
+        const int threads = tune_knob("gdn_step_threads");
+        if (threads == 32 || (threads == 0 && lanes == 0 && unroll == 0)) {
+          // One-warp blocks (fla's fused recurrent kernel's shape). The default since session 9: 8 lanes per row,
+          // 2 rows in flight per thread, 16 blocks per SM, at most 64 rows per block (the split alone would give
+          // a head's 128 rows to one block at batch >= 128). Session 9, in one run against the 128-thread kernel
+          // below: 4.96 / 40.2 / 144.9 / 283.7 us against 5.35 / 41.4 / 146.9 / 286.4 at batch 1 / 32 / 128 / 256.
           if (lanes == 32) {  // a row across the warp, 4 columns per lane: few registers, many blocks per SM
             if (unroll == 4) return launch_gdn_step<float, act_t, kK, 4, 32, 32, 32>(p, stream);  // 60 registers
             return launch_gdn_step<float, act_t, kK, 8, 32, 24, 32>(p, stream);                   // 80 registers
           }
           if (unroll == 1) return launch_gdn_step<float, act_t, kK, 1, 8, 16, 32>(p, stream);
-          return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32>(p, stream);
+          return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32>(p, stream, threads == 0 ? 64 : 0);
         }
         if (lanes == 4) switch (unroll) {  // 32 columns per lane
             case 1: return launch_gdn_step<float, act_t, kK, 1, 4, 3>(p, stream);
@@ -1292,7 +1314,8 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
           default: break;
         }
       }
-      // Default: kUnroll 4 rows in flight per thread, 16 columns per lane, 4 blocks per SM (128 registers).
+      // The other configurations (and gdn_step_threads=128 in the benchmark's): kUnroll 4 rows in flight per
+      // thread, 16 columns per lane, 4 blocks per SM (128 registers).
       return launch_gdn_step<state_t, act_t, kK, 4, GdnStepLanes<state_t, kK>::value, 4>(p, stream);
     });
   });
