@@ -23,7 +23,7 @@
 //
 // Launch-configuration knobs (REPLAYSSM_TUNE="key=value,...", common/cuda_utils.cuh; read at every launch; the
 // variants exist for fp32 state/checkpoint, bf16 activations, K = 128 only, the benchmark's configuration):
-//   The step's default (no gdn_step_* knob but bps/rows): one-warp blocks, 8 lanes per row, 2 rows in flight per
+//   The step's default there (no gdn_step_* knob but bps/rows): one-warp blocks, 8 lanes per row, 2 rows in flight per
 //   thread, at most 64 rows per block. Setting gdn_step_unroll or gdn_step_lanes alone selects 128-thread blocks:
 //   gdn_step_unroll    rows in flight per thread: 1, 2, 4 (128 threads' default), 8 (not with 4 lanes: it spills)
 //   gdn_step_lanes     lanes per state row: 4, 8 (default: 16 columns per lane), 16, 32
@@ -33,6 +33,7 @@
 //                      session 9); 32: one-warp blocks (8 lanes per row, gdn_step_unroll 1 or 2 (default), 16
 //                      blocks/SM, rows per block not capped; with gdn_step_lanes=32: a row across the warp,
 //                      gdn_step_unroll 8 (default, 24 blocks/SM) or 4 (32))
+//   gdn_step_hints     0: the one-warp, 2-row kernel (the default) with plain state loads and stores, not .cs
 //   gdn_replay_variant default: 4 stages, 8 lanes per row, 4 blocks/SM; 0: 3 stages, 4 lanes, 3 blocks/SM (the
 //                      default before 2026-12-01); 1: 4 stages, 4 lanes, 2 blocks/SM; 2: 6 stages, 8 lanes, 3 blocks/SM
 //                      (plain caches; a cache with a view has its own configuration, any activation dtype and K)
@@ -130,7 +131,9 @@ __device__ __forceinline__ void gdn_token_columns(const GdnTokenParams& p, int b
 
 // Standard step: S <- alpha S + u k^T with u = beta (v - alpha S k); o = S q. Reads and writes |S|.
 // Grid (row chunks of V, HV, batch); a block streams rows_per_block rows of one value head.
-template <typename state_t, typename act_t, int kK, int kThreads, int kUnroll, int kLanesPerRow, int kMinBlocks>
+// kStreamHints: the state's loads and stores with the streaming hint (.cs, evict first), else plain.
+template <typename state_t, typename act_t, int kK, int kThreads, int kUnroll, int kLanesPerRow, int kMinBlocks,
+          bool kStreamHints = true>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const GdnStepParams p, const int rows_per_block) {
   using Layout = RowLayout<state_t, kK, kThreads, kUnroll, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
@@ -152,9 +155,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
       const int r = row_of(base, u);
       if (r < row_end) {
 #pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-          load16_stream(S + int64_t(r) * p.state_row_stride + Layout::col(lane_in_row, v, 0),
-                        *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
+        for (int v = 0; v < kVecs; ++v) {
+          const state_t* ptr = S + int64_t(r) * p.state_row_stride + Layout::col(lane_in_row, v, 0);
+          if constexpr (kStreamHints) load16_stream(ptr, *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
+          else unpack16<state_t>(*reinterpret_cast<const uint4*>(ptr), *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
+        }
         vr[u] = to_float(vin[r]);
       }
     }
@@ -185,9 +190,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
       o = group_sum<kLanes>(o);
       if (valid) {
 #pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-          store16_stream(S + int64_t(r) * p.state_row_stride + Layout::col(lane_in_row, v, 0),
-                         *reinterpret_cast<const float(*)[kVec]>(&s[u][v * kVec]));
+        for (int v = 0; v < kVecs; ++v) {
+          state_t* ptr = S + int64_t(r) * p.state_row_stride + Layout::col(lane_in_row, v, 0);
+          if constexpr (kStreamHints) {
+            store16_stream(ptr, *reinterpret_cast<const float(*)[kVec]>(&s[u][v * kVec]));
+          } else {
+            uint4 raw;
+            state_t* elems = reinterpret_cast<state_t*>(&raw);
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) elems[e] = from_float<state_t>(s[u][v * kVec + e]);
+            *reinterpret_cast<uint4*>(ptr) = raw;
+          }
+        }
         if (lane_in_row == 0) out[r] = from_float<act_t>(o);
       }
     }
@@ -1244,7 +1258,8 @@ void gdn_replay_state_cuda_for_ckpt(const GdnReplayStateParams& p, cudaStream_t 
 // kMinBlocks: blocks per SM the compiler is asked to fit (__launch_bounds__), chosen per variant from ptxas -v so
 // that nothing spills (4 for the default: 128 registers).
 // max_rows (0: none) caps the rows per block that the split chooses (not a forced gdn_step_rows).
-template <typename state_t, typename act_t, int kK, int kUnroll, int kLanes, int kMinBlocks, int kThreads = 128>
+template <typename state_t, typename act_t, int kK, int kUnroll, int kLanes, int kMinBlocks, int kThreads = 128,
+          bool kStreamHints = true>
 void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream, const int max_rows = 0) {
   using Layout = RowLayout<state_t, kK, kThreads, kUnroll, kLanes>;
   constexpr int kRowGroup = Layout::kWarps * Layout::kRowsPerWarp;  // rows of one unrolled load
@@ -1263,7 +1278,7 @@ void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream, const int max_
   rows = std::min(rows, p.vdim);
   const int chunks = (p.vdim + rows - 1) / rows;
   const dim3 grid(chunks, p.nheads, p.batch);
-  gdn_step_kernel<state_t, act_t, kK, kThreads, kUnroll, kLanes, kMinBlocks><<<grid, kThreads, 0, stream>>>(p, rows);
+  gdn_step_kernel<state_t, act_t, kK, kThreads, kUnroll, kLanes, kMinBlocks, kStreamHints><<<grid, kThreads, 0, stream>>>(p, rows);
   check_cuda(cudaGetLastError(), "gdn_step kernel launch");
 }
 
@@ -1278,7 +1293,7 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
         // gdn_step_unroll).
         const int lanes = tune_knob("gdn_step_lanes"), unroll = tune_knob("gdn_step_unroll");
         const int threads = tune_knob("gdn_step_threads");
-        if (threads == 32 || (threads == 0 && lanes == 0 && unroll == 0)) {
+        if (threads == 32 || (threads <= 0 && lanes <= 0 && unroll <= 0)) {  // (tune_knob: -1 when not set)
           // One-warp blocks (fla's fused recurrent kernel's shape). The default since session 9: 8 lanes per row,
           // 2 rows in flight per thread, 16 blocks per SM, at most 64 rows per block (the split alone would give
           // a head's 128 rows to one block at batch >= 128). Session 9, in one run against the 128-thread kernel
@@ -1288,7 +1303,9 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
             return launch_gdn_step<float, act_t, kK, 8, 32, 24, 32>(p, stream);                   // 80 registers
           }
           if (unroll == 1) return launch_gdn_step<float, act_t, kK, 1, 8, 16, 32>(p, stream);
-          return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32>(p, stream, threads == 0 ? 64 : 0);
+          if (tune_knob("gdn_step_hints") == 0)  // plain loads and stores of the state (an experiment, session 9)
+            return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32, false>(p, stream, threads <= 0 ? 64 : 0);
+          return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32>(p, stream, threads <= 0 ? 64 : 0);
         }
         if (lanes == 4) switch (unroll) {  // 32 columns per lane
             case 1: return launch_gdn_step<float, act_t, kK, 1, 4, 3>(p, stream);
