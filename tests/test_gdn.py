@@ -141,9 +141,6 @@ TUNE_CONFIGS = [
     "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4",
     "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_rows=8",  # a row across the warp, 8 rows per block
     "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=20",  # rows over blocks, a partial group
-    "gdn_step_pipe=1,gdn_step_rows=12",  # two row groups in flight, an odd number of groups per block
-    "gdn_step_pipe=1,gdn_step_lanes=32,gdn_step_rows=10",  # groups of 4 rows: 4, 4, then a partial group of 2
-    "gdn_step_pipe=1,gdn_step_lanes=32,gdn_step_unroll=2,gdn_step_rows=128",  # a head's rows in one block: 64 groups of 2
 ]
 
 

@@ -34,10 +34,6 @@
 //                      blocks/SM, rows per block not capped; with gdn_step_lanes=32: a row across the warp,
 //                      gdn_step_unroll 8 (default, 24 blocks/SM) or 4 (32))
 //   gdn_step_hints     0: the one-warp, 2-row kernel (the default) with plain state loads and stores, not .cs
-//   gdn_step_pipe      1: one-warp blocks holding two row groups, the next one's loads in flight while one is
-//                      updated: 8 lanes per row and 1 row per group (16 blocks/SM), or with gdn_step_lanes=32 4
-//                      rows per group (24 blocks/SM; gdn_step_unroll=2: 2 rows, 32 blocks/SM); at most 64 rows
-//                      per block unless gdn_step_threads=32 or gdn_step_rows is set
 //   gdn_replay_variant default: 4 stages, 8 lanes per row, 4 blocks/SM; 0: 3 stages, 4 lanes, 3 blocks/SM (the
 //                      default before 2026-12-01); 1: 4 stages, 4 lanes, 2 blocks/SM; 2: 6 stages, 8 lanes, 3 blocks/SM
 //                      (plain caches; a cache with a view has its own configuration, any activation dtype and K)
@@ -135,15 +131,12 @@ __device__ __forceinline__ void gdn_token_columns(const GdnTokenParams& p, int b
 
 // Standard step: S <- alpha S + u k^T with u = beta (v - alpha S k); o = S q. Reads and writes |S|.
 // Grid (row chunks of V, HV, batch); a block streams rows_per_block rows of one value head.
-// kStreamHints: the state's loads and stores with the streaming hint (.cs, evict first), else plain. kPipe: two
-// row groups in registers, the next group's loads in flight while this one is updated (else each group is
-// loaded, updated and stored before the next is loaded).
+// kStreamHints: the state's loads and stores with the streaming hint (.cs, evict first), else plain.
 template <typename state_t, typename act_t, int kK, int kThreads, int kUnroll, int kLanesPerRow, int kMinBlocks,
-          bool kStreamHints = true, bool kPipe = false>
+          bool kStreamHints = true>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const GdnStepParams p, const int rows_per_block) {
   using Layout = RowLayout<state_t, kK, kThreads, kUnroll, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
-  constexpr int kR = Layout::kRowsPerIter;
   const int hv = blockIdx.y, b = blockIdx.z;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) return;
@@ -155,9 +148,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
   const act_t* vin = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + hv * p.v_head_stride;
   act_t* out = static_cast<act_t*>(p.out) + b * p.out_batch_stride + hv * p.out_head_stride;
   auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
-  using Rows = float[kUnroll][kCols];
-  float s[kPipe ? 2 : 1][kUnroll][kCols], vr[kPipe ? 2 : 1][kUnroll];
-  auto load_rows = [&](int base, Rows& sb, float (&vb)[kUnroll]) {  // every load of the group issued before any is used
+  float s[kUnroll][kCols], vr[kUnroll];
+  auto load_rows = [&](int base) {  // every load of the kUnroll rows issued before any is used
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
@@ -165,37 +157,35 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
 #pragma unroll
         for (int v = 0; v < kVecs; ++v) {
           const state_t* ptr = S + int64_t(r) * p.state_row_stride + Layout::col(lane_in_row, v, 0);
-          if constexpr (kStreamHints) load16_stream(ptr, *reinterpret_cast<float(*)[kVec]>(&sb[u][v * kVec]));
-          else unpack16<state_t>(*reinterpret_cast<const uint4*>(ptr), *reinterpret_cast<float(*)[kVec]>(&sb[u][v * kVec]));
+          if constexpr (kStreamHints) load16_stream(ptr, *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
+          else unpack16<state_t>(*reinterpret_cast<const uint4*>(ptr), *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
         }
-        vb[u] = to_float(vin[r]);
+        vr[u] = to_float(vin[r]);
       }
     }
   };
-  // The state needs only the slot: the first group (two with kPipe) in flight while q, k, a and b arrive.
-  load_rows(row_begin, s[0], vr[0]);
-  if constexpr (kPipe)
-    if (row_begin + kR < row_end) load_rows(row_begin + kR, s[kPipe ? 1 : 0], vr[kPipe ? 1 : 0]);
+  load_rows(row_begin);  // the state needs only the slot: in flight while q, k, a and b arrive
 
   float kv[kCols], qv[kCols], g, beta;
   gdn_token_columns<act_t, kK, Layout>(p, b, hv, lane_in_row, kv, qv, g, beta);
   const float alpha = expf(g);
 
-  auto update_rows = [&](int base, Rows& sb, const float (&vb)[kUnroll]) {  // S <- alpha S + u k^T, o = S q; stored
+  for (int base = row_begin; base < row_end; base += Layout::kRowsPerIter) {
+    if (base != row_begin) load_rows(base);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
       const bool valid = r < row_end;
       float Sk = 0.f;
 #pragma unroll
-      for (int col = 0; col < kCols; ++col) Sk = fmaf(sb[u][col], kv[col], Sk);
+      for (int col = 0; col < kCols; ++col) Sk = fmaf(s[u][col], kv[col], Sk);
       Sk = group_sum<kLanes>(Sk);
-      const float uu = beta * (vb[u] - alpha * Sk);
+      const float uu = beta * (vr[u] - alpha * Sk);
       float o = 0.f;
 #pragma unroll
       for (int col = 0; col < kCols; ++col) {
-        sb[u][col] = alpha * sb[u][col] + uu * kv[col];
-        o = fmaf(sb[u][col], qv[col], o);
+        s[u][col] = alpha * s[u][col] + uu * kv[col];
+        o = fmaf(s[u][col], qv[col], o);
       }
       o = group_sum<kLanes>(o);
       if (valid) {
@@ -203,33 +193,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
         for (int v = 0; v < kVecs; ++v) {
           state_t* ptr = S + int64_t(r) * p.state_row_stride + Layout::col(lane_in_row, v, 0);
           if constexpr (kStreamHints) {
-            store16_stream(ptr, *reinterpret_cast<const float(*)[kVec]>(&sb[u][v * kVec]));
+            store16_stream(ptr, *reinterpret_cast<const float(*)[kVec]>(&s[u][v * kVec]));
           } else {
             uint4 raw;
             state_t* elems = reinterpret_cast<state_t*>(&raw);
 #pragma unroll
-            for (int e = 0; e < kVec; ++e) elems[e] = from_float<state_t>(sb[u][v * kVec + e]);
+            for (int e = 0; e < kVec; ++e) elems[e] = from_float<state_t>(s[u][v * kVec + e]);
             *reinterpret_cast<uint4*>(ptr) = raw;
           }
         }
         if (lane_in_row == 0) out[r] = from_float<act_t>(o);
-      }
-    }
-  };
-
-  if constexpr (!kPipe) {
-    for (int base = row_begin; base < row_end; base += kR) {
-      if (base != row_begin) load_rows(base, s[0], vr[0]);
-      update_rows(base, s[0], vr[0]);
-    }
-  } else {  // groups base and base + kR in registers; each reloaded (two groups ahead) as soon as it is stored
-    constexpr int kB = kPipe ? 1 : 0;
-    for (int base = row_begin; base < row_end; base += 2 * kR) {
-      update_rows(base, s[0], vr[0]);
-      if (base + 2 * kR < row_end) load_rows(base + 2 * kR, s[0], vr[0]);
-      if (base + kR < row_end) {
-        update_rows(base + kR, s[kB], vr[kB]);
-        if (base + 3 * kR < row_end) load_rows(base + 3 * kR, s[kB], vr[kB]);
       }
     }
   }
@@ -1286,7 +1259,7 @@ void gdn_replay_state_cuda_for_ckpt(const GdnReplayStateParams& p, cudaStream_t 
 // that nothing spills (4 for the default: 128 registers).
 // max_rows (0: none) caps the rows per block that the split chooses (not a forced gdn_step_rows).
 template <typename state_t, typename act_t, int kK, int kUnroll, int kLanes, int kMinBlocks, int kThreads = 128,
-          bool kStreamHints = true, bool kPipe = false>
+          bool kStreamHints = true>
 void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream, const int max_rows = 0) {
   using Layout = RowLayout<state_t, kK, kThreads, kUnroll, kLanes>;
   constexpr int kRowGroup = Layout::kWarps * Layout::kRowsPerWarp;  // rows of one unrolled load
@@ -1305,7 +1278,7 @@ void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream, const int max_
   rows = std::min(rows, p.vdim);
   const int chunks = (p.vdim + rows - 1) / rows;
   const dim3 grid(chunks, p.nheads, p.batch);
-  gdn_step_kernel<state_t, act_t, kK, kThreads, kUnroll, kLanes, kMinBlocks, kStreamHints, kPipe><<<grid, kThreads, 0, stream>>>(p, rows);
+  gdn_step_kernel<state_t, act_t, kK, kThreads, kUnroll, kLanes, kMinBlocks, kStreamHints><<<grid, kThreads, 0, stream>>>(p, rows);
   check_cuda(cudaGetLastError(), "gdn_step kernel launch");
 }
 
@@ -1325,12 +1298,6 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
           // 2 rows in flight per thread, 16 blocks per SM, at most 64 rows per block (the split alone would give
           // a head's 128 rows to one block at batch >= 128). Session 9, in one run against the 128-thread kernel
           // below: 4.96 / 40.2 / 144.9 / 283.7 us against 5.35 / 41.4 / 146.9 / 286.4 at batch 1 / 32 / 128 / 256.
-          if (tune_knob("gdn_step_pipe") == 1) {  // two row groups in flight per warp (an experiment, session 9)
-            const int cap = threads <= 0 ? 64 : 0;
-            if (lanes == 32 && unroll == 2) return launch_gdn_step<float, act_t, kK, 2, 32, 32, 32, true, true>(p, stream, cap);
-            if (lanes == 32) return launch_gdn_step<float, act_t, kK, 4, 32, 24, 32, true, true>(p, stream, cap);
-            return launch_gdn_step<float, act_t, kK, 1, 8, 16, 32, true, true>(p, stream, cap);
-          }
           if (lanes == 32) {  // a row across the warp, 4 columns per lane: few registers, many blocks per SM
             if (unroll == 4) return launch_gdn_step<float, act_t, kK, 4, 32, 32, 32>(p, stream);  // 60 registers
             return launch_gdn_step<float, act_t, kK, 8, 32, 24, 32>(p, stream);                   // 80 registers
