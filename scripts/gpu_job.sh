@@ -7,6 +7,7 @@
 # tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch;
 # stalls: where that launch's warps were sampled, per SASS instruction (bench/ncu_top_stalls.py), and its ncu
 # sections; PROFILE_KERNEL (regex), PROFILE_CMD (the program launching it), PROFILE_SKIP, PROFILE_TAG choose another;
+# PROFILE_CACHE=none keeps the caches warm (ncu's default, all, flushes them before the launch: a cold instruction cache);
 # profiles: stalls of the view replay step, GDN verify and Mamba-2 verify at batch 256 (not yet timed: run it alone);
 # spec: speculative verify+commit vs the per-position baseline (issue 3); gdn: the GDN decode steps (issue 4);
 # spectune, gdntune: spec, gdn plus the kernels' alternative launch configurations; gdnspec: GDN verify+commit
@@ -46,7 +47,7 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures
   return $rc
 }
 stalls() {  # stalls TAG KERNEL_REGEX SKIP CMD: ncu sections of one launch, and where its warps stalled, per SASS line
-  run stalls$1 bash -c "ncu --clock-control none -k regex:$2 -s $3 -c 1 \
+  run stalls$1 bash -c "ncu --clock-control none --cache-control ${PROFILE_CACHE:-all} -k regex:$2 -s $3 -c 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
       --section SourceCounters --section WarpStateStats --import-source yes -f -o /tmp/rssm_stalls$1 $4 > /dev/null && \
       ncu -i /tmp/rssm_stalls$1.ncu-rep > $OUT/stalls$1_sections.txt && \
