@@ -124,14 +124,9 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
 
 
 # Alternative launch configurations (REPLAYSSM_TUNE, listed in csrc/gdn/kernels.cuh), timed with --tune.
-# gdn_step_guess=1 is a diagnostic (right for any slots, fast only for the benchmark's slot_ids[b] == b): what
-# the dependent load of a block's slot costs, with 8 iterations per block (the default) and with fla's one-shot
-# 8-row blocks (gdn_step_lanes=32,gdn_step_rows=8).
 STEP_TUNES = ["gdn_step_threads=128", "gdn_step_hints=0", "gdn_step_rows=32", "gdn_step_threads=32",
               "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4",
-              "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=8", "gdn_step_guess=1",
-              "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_rows=8",
-              "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_rows=8,gdn_step_guess=1"]
+              "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=8"]
 REPLAY_TUNES = ["gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=0", "gdn_replay_prefetch=0",
                 "gdn_replay_prefetch=1", "gdn_replay_rows=32", "gdn_replay_rows=64", "gdn_replay_rows=128", "gdn_replay_rows=256", "gdn_replay_bps=8",
                 "gdn_replay_bps=16", "gdn_replay_bps=24"]

@@ -34,10 +34,6 @@
 //                      blocks/SM, rows per block not capped; with gdn_step_lanes=32: a row across the warp,
 //                      gdn_step_unroll 8 (default, 24 blocks/SM) or 4 (32))
 //   gdn_step_hints     0: the one-warp, 2-row kernel (the default) with plain state loads and stores, not .cs
-//   gdn_step_guess     1 (a diagnostic, never a default): the one-warp kernels of 2 rows (the default) or of 8 rows
-//                      across the warp (gdn_step_lanes=32) load their first rows from slot b before slot_ids[b]
-//                      arrives, again from the real slot if it differs (right either way; fast only where
-//                      slot_ids[b] == b, as in the benchmark): what the slot's dependent load costs
 //   gdn_replay_variant default: 4 stages, 8 lanes per row, 4 blocks/SM; 0: 3 stages, 4 lanes, 3 blocks/SM (the
 //                      default before 2026-12-01); 1: 4 stages, 4 lanes, 2 blocks/SM; 2: 6 stages, 8 lanes, 3 blocks/SM
 //                      (plain caches; a cache with a view has its own configuration, any activation dtype and K)
@@ -136,22 +132,19 @@ __device__ __forceinline__ void gdn_token_columns(const GdnTokenParams& p, int b
 // Standard step: S <- alpha S + u k^T with u = beta (v - alpha S k); o = S q. Reads and writes |S|.
 // Grid (row chunks of V, HV, batch); a block streams rows_per_block rows of one value head.
 // kStreamHints: the state's loads and stores with the streaming hint (.cs, evict first), else plain.
-// kGuessSlot (a diagnostic, never a default: it is right only where slot_ids[b] == b, as in the benchmark): the
-// first rows are loaded from slot b while slot_ids[b] is still in flight, and loaded again from the real slot when
-// the guess was wrong, so the result is right either way; it measures what the dependent load of the slot costs.
 template <typename state_t, typename act_t, int kK, int kThreads, int kUnroll, int kLanesPerRow, int kMinBlocks,
-          bool kStreamHints = true, bool kGuessSlot = false>
+          bool kStreamHints = true>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const GdnStepParams p, const int rows_per_block) {
   using Layout = RowLayout<state_t, kK, kThreads, kUnroll, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
   const int hv = blockIdx.y, b = blockIdx.z;
+  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+  if (slot == kPadSlot) return;
+  RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
   const int row_begin = blockIdx.x * rows_per_block;
   const int row_end = min(p.vdim, row_begin + rows_per_block);
-  auto state_of = [&](int64_t sl) {
-    return static_cast<state_t*>(p.state) + sl * p.state_slot_stride + int64_t(hv) * p.state_head_stride;
-  };
-  state_t* S = nullptr;
+  state_t* S = static_cast<state_t*>(p.state) + slot * p.state_slot_stride + int64_t(hv) * p.state_head_stride;
   const act_t* vin = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + hv * p.v_head_stride;
   act_t* out = static_cast<act_t*>(p.out) + b * p.out_batch_stride + hv * p.out_head_stride;
   auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
@@ -171,14 +164,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
       }
     }
   };
-  bool guessed = false;
-  if constexpr (kGuessSlot)
-    if (b < p.num_slots) S = state_of(b), load_rows(row_begin), guessed = true;
-  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
-  if (slot == kPadSlot) return;
-  RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
-  if (!guessed || slot != b) S = state_of(slot), load_rows(row_begin);  // the state needs only the slot: in flight
-                                                                        // while q, k, a and b arrive
+  load_rows(row_begin);  // the state needs only the slot: in flight while q, k, a and b arrive
 
   float kv[kCols], qv[kCols], g, beta;
   gdn_token_columns<act_t, kK, Layout>(p, b, hv, lane_in_row, kv, qv, g, beta);
@@ -1270,10 +1256,11 @@ void gdn_replay_state_cuda_for_ckpt(const GdnReplayStateParams& p, cudaStream_t 
 
 
 // kMinBlocks: blocks per SM the compiler is asked to fit (__launch_bounds__), chosen per variant from ptxas -v so
-// that nothing spills (4 for the default: 128 registers).
+// that nothing spills (16 for the benchmark configuration's one-warp default, 4 for the 128-thread kernel: 128
+// registers).
 // max_rows (0: none) caps the rows per block that the split chooses (not a forced gdn_step_rows).
 template <typename state_t, typename act_t, int kK, int kUnroll, int kLanes, int kMinBlocks, int kThreads = 128,
-          bool kStreamHints = true, bool kGuessSlot = false>
+          bool kStreamHints = true>
 void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream, const int max_rows = 0) {
   using Layout = RowLayout<state_t, kK, kThreads, kUnroll, kLanes>;
   constexpr int kRowGroup = Layout::kWarps * Layout::kRowsPerWarp;  // rows of one unrolled load
@@ -1292,8 +1279,7 @@ void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream, const int max_
   rows = std::min(rows, p.vdim);
   const int chunks = (p.vdim + rows - 1) / rows;
   const dim3 grid(chunks, p.nheads, p.batch);
-  gdn_step_kernel<state_t, act_t, kK, kThreads, kUnroll, kLanes, kMinBlocks, kStreamHints, kGuessSlot>
-      <<<grid, kThreads, 0, stream>>>(p, rows);
+  gdn_step_kernel<state_t, act_t, kK, kThreads, kUnroll, kLanes, kMinBlocks, kStreamHints><<<grid, kThreads, 0, stream>>>(p, rows);
   check_cuda(cudaGetLastError(), "gdn_step kernel launch");
 }
 
@@ -1311,16 +1297,14 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
         if (threads == 32 || (threads <= 0 && lanes <= 0 && unroll <= 0)) {  // (tune_knob: -1 when not set)
           // One-warp blocks (fla's fused recurrent kernel's shape). The default since session 9: 8 lanes per row,
           // 2 rows in flight per thread, 16 blocks per SM, at most 64 rows per block (the split alone would give
-          // a head's 128 rows to one block at batch >= 128). Session 9, in one run against the 128-thread kernel
-          // below: 4.96 / 40.2 / 144.9 / 283.7 us against 5.35 / 41.4 / 146.9 / 286.4 at batch 1 / 32 / 128 / 256.
-          const bool guess = tune_knob("gdn_step_guess") == 1;
+          // a head's 128 rows to one block at batch >= 128). H200, d777fc9, one interleaved run
+          // (bench/results/gdn_decode.json): 4.8 / 39.9 / 144.4 / 283.0 us at batch 1 / 32 / 128 / 256, against
+          // 5.3 / 41.2 / 146.7 / 286.0 for the 128-thread kernel below (gdn_step_threads=128).
           if (lanes == 32) {  // a row across the warp, 4 columns per lane: few registers, many blocks per SM
             if (unroll == 4) return launch_gdn_step<float, act_t, kK, 4, 32, 32, 32>(p, stream);  // 60 registers
-            if (guess) return launch_gdn_step<float, act_t, kK, 8, 32, 24, 32, true, true>(p, stream);
             return launch_gdn_step<float, act_t, kK, 8, 32, 24, 32>(p, stream);                   // 80 registers
           }
           if (unroll == 1) return launch_gdn_step<float, act_t, kK, 1, 8, 16, 32>(p, stream);
-          if (guess) return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32, true, true>(p, stream, threads <= 0 ? 64 : 0);
           if (tune_knob("gdn_step_hints") == 0)  // plain loads and stores of the state (an experiment, session 9)
             return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32, false>(p, stream, threads <= 0 ? 64 : 0);
           return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32>(p, stream, threads <= 0 ? 64 : 0);
