@@ -6,6 +6,8 @@ DeltaNet (HV=32, H=16, K=V=128).
 
     python bench/ncu_bytes.py [--batch 256] [--ring-len 16] [--models mamba2 gdn] [--out bench/results/ncu_bytes.json]
     python bench/ncu_bytes.py --child --model mamba2 [--view] [--batch 1]   # the workload alone (for profiling)
+    python bench/ncu_bytes.py --per-launch [--batch 256]   # every cursor at 0: each launch's time and bytes, so that
+                                                           # the fold step's cost shows apart from the others'
 """
 from __future__ import annotations
 
@@ -29,7 +31,15 @@ GDN_SHAPE = (32, 16, 128, 128)  # HV, H, K, V
 KERNELS = {"mamba2": "mamba2_(step|replay_step)_kernel", "gdn": "gdn_(step|replay_step)_kernel"}
 
 
-def mamba2_workload(batch: int, L: int, view: bool, standard: bool) -> None:
+def start_cursors(cache, L: int, gen, cursor: int | None) -> None:
+    """Cursors at random positions (a fold at its true rate in every launch), or all at `cursor`."""
+    if cursor is None:
+        cache.cursor.copy_(torch.randint(0, L, cache.cursor.shape, generator=gen, device="cuda", dtype=torch.int32))
+    else:
+        cache.cursor.fill_(cursor)
+
+
+def mamba2_workload(batch: int, L: int, view: bool, standard: bool, cursor: int | None = None) -> None:
     import replayssm
     from replayssm import Mamba2ReplayCache
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -45,7 +55,7 @@ def mamba2_workload(batch: int, L: int, view: bool, standard: bool) -> None:
         del pool
     cache = Mamba2ReplayCache.allocate(batch, bm.H, bm.P, bm.G, bm.N, ring_len=L, act_dtype=bm.ACT, device="cuda",
                                        output_view=torch.bfloat16 if view else None)
-    cache.cursor.copy_(torch.randint(0, L, (batch,), generator=gen, device="cuda", dtype=torch.int32))
+    start_cursors(cache, L, gen, cursor)
     for step in inputs:
         t = step[0]
         replayssm.mamba2_replay_step(cache, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots,
@@ -53,7 +63,7 @@ def mamba2_workload(batch: int, L: int, view: bool, standard: bool) -> None:
     torch.cuda.synchronize()
 
 
-def gdn_workload(batch: int, L: int, view: bool, standard: bool) -> None:
+def gdn_workload(batch: int, L: int, view: bool, standard: bool, cursor: int | None = None) -> None:
     import replayssm
     from replayssm import GdnReplayCache
     HV, H, K, V = GDN_SHAPE
@@ -74,7 +84,7 @@ def gdn_workload(batch: int, L: int, view: bool, standard: bool) -> None:
     cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, device="cuda") * 0.1)
     if cache.view is not None:
         cache.view.copy_(cache.checkpoint)
-    cache.cursor.copy_(torch.randint(0, L, (batch,), generator=gen, device="cuda", dtype=torch.int32))
+    start_cursors(cache, L, gen, cursor)
     for step in inputs:
         t = step[0]
         replayssm.gdn_replay_step(cache, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots,
@@ -101,6 +111,28 @@ def measure(model: str, view: bool, batch: int, L: int) -> dict:
     return totals
 
 
+def per_launch(batch: int, L: int) -> None:
+    """Each replay launch's ncu time and DRAM bytes over one cycle with every cursor at 0: the step that folds
+    apart from those that do not (the benchmark's random cursors mix them in every launch)."""
+    for model in sorted(KERNELS):
+        for view in (False, True):
+            cmd = ["ncu", "--clock-control", "none", "--metrics", METRICS, "--csv", "--print-units", "base",
+                   "-k", "regex:replay_step", sys.executable, os.path.abspath(__file__), "--child", "--model", model,
+                   "--batch", str(batch), "--ring-len", str(L), "--cursor", "0", "--view" if view else "--no-standard"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            start = proc.stdout.find('"ID"')
+            if proc.returncode != 0 or start < 0:
+                print(proc.stdout[-3000:], proc.stderr[-3000:])
+                raise SystemExit(f"ncu failed ({model}, view={view})")
+            launches = {}
+            for row in csv.DictReader(io.StringIO(proc.stdout[start:])):
+                launches.setdefault(int(row["ID"]), {})[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
+            print(f"{model} {'view' if view else 'replay'} batch {batch}, L {L}, every cursor from 0:")
+            for i, (_, m) in enumerate(sorted(launches.items())):
+                print(f"  launch {i:2d}: {m['gpu__time_duration.sum'] / 1e3:8.1f} us  read {m['dram__bytes_read.sum'] / 2**20:8.1f} MiB"
+                      f"  write {m['dram__bytes_write.sum'] / 2**20:8.1f} MiB")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=256)
@@ -110,11 +142,17 @@ def main():
     parser.add_argument("--model", choices=sorted(KERNELS), default="mamba2", help="(with --child) the workload's model")
     parser.add_argument("--view", action="store_true", help="(with --child) replay caches with a bf16 output view, "
                         "and no standard step")
+    parser.add_argument("--cursor", type=int, default=None, help="(with --child) every cursor starts here, not at random")
+    parser.add_argument("--no-standard", action="store_true", help="(with --child) the replay steps only")
+    parser.add_argument("--per-launch", action="store_true", help="each replay launch's time and bytes, cursors from 0")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "ncu_bytes.json"))
     args = parser.parse_args()
     if args.child:
         workload = mamba2_workload if args.model == "mamba2" else gdn_workload
-        workload(args.batch, args.ring_len, view=args.view, standard=not args.view)
+        workload(args.batch, args.ring_len, view=args.view, standard=not (args.view or args.no_standard), cursor=args.cursor)
+        return
+    if args.per_launch:
+        per_launch(args.batch, args.ring_len)
         return
     L = args.ring_len
     result = {"batch": args.batch, "ring_len": L, "metrics": METRICS, "gdn_shape": dict(zip(("HV", "H", "K", "V"), GDN_SHAPE))}

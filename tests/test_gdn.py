@@ -129,7 +129,7 @@ def test_step_and_replay_match_the_delta_rule_across_folds(device, act_dtype, st
 TUNE_CONFIGS = [
     "",  # the step: one-warp blocks of 4 rows at this shape (the 64-row cap acts from batch * HV >= 8 per SM)
     "gdn_step_threads=128",  # the 128-thread step (its default before session 9)
-    "gdn_step_rows=64,gdn_step_hints=0",  # one-warp blocks of 64 rows (the default at the benchmark's batch >= 32), plain loads
+    "gdn_step_rows=64,gdn_step_hints=1",  # one-warp blocks of 64 rows (the default at the benchmark's batch >= 32), .cs hints
     "gdn_step_rows=24,gdn_replay_rows=96",  # rows over several blocks; a replay block straddles two value heads
     "gdn_step_rows=16,gdn_step_unroll=1,gdn_replay_rows=36,gdn_replay_prefetch=0",  # scalar v tile, ring after the cursor
     "gdn_step_lanes=32,gdn_step_unroll=8,gdn_step_rows=40,gdn_replay_rows=30,gdn_replay_prefetch=1,gdn_replay_variant=2",
