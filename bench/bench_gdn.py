@@ -96,23 +96,27 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
     all_caches = {}
     for view in (None, torch.bfloat16):
         name = "replay" if view is None else "replay_view"
-        caches = []
-        for _ in range(n_layers):
-            cache = GdnReplayCache.allocate(batch, HV, H, K, V, ring_len=L, output_view=view, device=device)
-            cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device=device) * 0.1)
-            if cache.view is not None:
-                cache.view.copy_(cache.checkpoint)
-            cache.cursor.copy_(torch.randint(0, L, (batch,), generator=gen, device=device, dtype=torch.int32))
-            caches.append(cache)
+        for aligned in (False, True) if tune else (False,):
+            caches = []
+            for _ in range(n_layers):
+                cache = GdnReplayCache.allocate(batch, HV, H, K, V, ring_len=L, output_view=view, device=device)
+                cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device=device) * 0.1)
+                if cache.view is not None:
+                    cache.view.copy_(cache.checkpoint)
+                common.start_cursors(cache, L, gen, aligned)
+                caches.append(cache)
 
-        def replay_cycle(caches=caches):
-            for step in inputs:
-                for cache, t in zip(caches, step):
-                    replayssm.gdn_replay_step(cache, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots,
-                                              dt_bias=dt_bias, out=t["out"])
-        all_caches[name], fns[name] = caches, replay_cycle
-        if tune:
-            fns.update(common.tune_entries(replay_cycle, name, REPLAY_TUNES if view is None else VIEW_TUNES))
+            def replay_cycle(caches=caches):
+                for step in inputs:
+                    for cache, t in zip(caches, step):
+                        replayssm.gdn_replay_step(cache, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots,
+                                                  dt_bias=dt_bias, out=t["out"])
+            if aligned:
+                common.add_aligned(fns, all_caches, name, caches, replay_cycle)
+            else:
+                all_caches[name], fns[name] = caches, replay_cycle
+                if tune:
+                    fns.update(common.tune_entries(replay_cycle, name, REPLAY_TUNES if view is None else VIEW_TUNES))
     before = common.cursors_of(all_caches)
     if smoke:
         times = {name: (fns[name](), 0.0)[1] for name in ("standard", "replay", "replay_view")}
@@ -127,10 +131,10 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
 STEP_TUNES = ["gdn_step_threads=128", "gdn_step_hints=1", "gdn_step_rows=32", "gdn_step_threads=32",
               "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4",
               "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=8"]
-REPLAY_TUNES = ["gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=0", "gdn_replay_prefetch=0",
+REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=0", "gdn_replay_prefetch=0",
                 "gdn_replay_prefetch=1", "gdn_replay_rows=32", "gdn_replay_rows=64", "gdn_replay_rows=128", "gdn_replay_rows=256", "gdn_replay_bps=8",
                 "gdn_replay_bps=16", "gdn_replay_bps=24"]
-VIEW_TUNES = ["gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=64"]
+VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=64"]
 
 
 def main():

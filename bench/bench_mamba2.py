@@ -67,8 +67,8 @@ def make_inputs(batch, n_layers, L, gen, device="cuda"):
 STEP_TUNES = ["step_unroll=1", "step_unroll=2", "step_unroll=4", "step_unroll=8", "step_unroll=8,step_bps=2"]
 # (replay_rows=64 and replay_prefetch=1: for batch 1, where the default's 32-row blocks (one row iteration per
 # block, 256 blocks, the ring prefetched) leave the replay slower than the step, and for 32 (~4 waves, no prefetch).)
-REPLAY_TUNES = ["replay_rows=64", "replay_rows=128", "replay_rows=256", "replay_rows=512", "replay_prefetch=0", "replay_prefetch=1", "stream_lean=0"]
-VIEW_TUNES = ["stream_lean=0", "replay_rows=256", "replay_rows=1024"]  # the view runs the same kernel and launcher as plain caches
+REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "replay_rows=64", "replay_rows=128", "replay_rows=256", "replay_rows=512", "replay_prefetch=0", "replay_prefetch=1", "stream_lean=0"]
+VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "stream_lean=0", "replay_rows=256", "replay_rows=1024"]  # the view runs the same kernel and launcher as plain caches
 
 
 def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
@@ -114,6 +114,8 @@ def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
         tunes = REPLAY_TUNES if view is None else VIEW_TUNES
         if tune:
             fns.update(common.tune_entries(fns[name], name, tunes))
+            common.add_aligned(fns, all_caches, name, *replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view,
+                                                                    aligned=True))
     before = common.cursors_of(all_caches)
     times, spreads = common.time_interleaved(fns)
     common.decode_times(result, times, per, tune, "mamba_ssm", all_caches, before)
@@ -123,16 +125,16 @@ def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
     return result
 
 
-def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view):
-    """Fresh caches (with the bf16 output view when view is set), cursors staggered, and the function that runs
-    the replay step over one full cycle on them."""
+def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view, aligned=False):
+    """Fresh caches (with the bf16 output view when view is set), cursors staggered (all at 0 when aligned), and the
+    function that runs the replay step over one full cycle on them."""
     caches = []
     for _ in range(n_layers):
         cache = Mamba2ReplayCache.allocate(batch, H, P, G, N, ring_len=L, act_dtype=ACT, output_view=view, device="cuda")
         cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device="cuda") * 0.1)
         if cache.view is not None:
             cache.view.copy_(cache.checkpoint)
-        cache.cursor.copy_(torch.randint(0, L, (batch,), generator=gen, device="cuda", dtype=torch.int32))
+        common.start_cursors(cache, L, gen, aligned)
         caches.append(cache)
 
     def replay_cycle():

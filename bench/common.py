@@ -106,6 +106,26 @@ def tune_entries(fn: Callable[[], None], kind: str, tunes) -> dict:
     return {(kind, tune): (fn, tune) for tune in tunes}
 
 
+def start_cursors(cache, L: int, gen, aligned: bool = False) -> None:
+    """A cache's cursors staggered at random, as in a serving batch (every step then folds 1/L of the rows), or all
+    at 0 when aligned (the cycle's last step folds every row, the others none)."""
+    if aligned:
+        cache.cursor.zero_()
+    else:
+        cache.cursor.copy_(torch.randint(0, L, cache.cursor.shape, generator=gen, device=cache.cursor.device,
+                                         dtype=torch.int32))
+
+
+ALIGNED = "cursors_aligned"
+
+
+def add_aligned(fns: dict, all_caches: dict, kind: str, caches: list, cycle: Callable[[], None]) -> None:
+    """Times `cycle` on caches whose cursors all start at 0, as kind's alternative ALIGNED (same bytes per cycle as
+    staggered cursors): what staggered cursors cost, through the folding rows' blocks straggling (common/fold_order.cuh)."""
+    all_caches[f"{kind}|{ALIGNED}"] = caches
+    fns[(kind, ALIGNED)] = (cycle, None)
+
+
 def cursors_of(all_caches: dict) -> dict:
     """{name: the stacked cursors of its caches}, to check after timing that every replay went full cycles."""
     return {name: torch.stack([c.cursor.clone() for c in caches]) for name, caches in all_caches.items()}

@@ -44,6 +44,7 @@
 //                      row loop); 0: 6 stages, 8 lanes, 3 blocks/SM (the layout of every other view configuration)
 //   gdn_replay_bps     blocks per SM the row split aims at (default 12: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
+//   replay_fold_first  0 / 1: as for the Mamba-2 replay step (mamba2/kernels.cuh; common/fold_order.cuh)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
 //   gdn_verify_rows    rows of a key head's value heads (HV/H * V) per gdn_replay_verify block (forced; any value >= 1)
 #pragma once
@@ -275,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   using Layout = RowLayout<src_t, kK, kThreads, 1, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane;
   const GdnReplayCacheParams& c = p.cache;
-  const int b = blockIdx.z, h = blockIdx.y;  // h: the key head
+  const int b = p.row_order ? p.row_order[blockIdx.z] : blockIdx.z, h = blockIdx.y;  // h: the key head (b: fold-first order)
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
@@ -1372,8 +1373,11 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   auto kernel = gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
   if (smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_step shared memory");
+  GdnReplayParams q = p;
+  q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
+                                 int64_t(num_sms()) * kMinBlocks, stream);
   const dim3 grid(chunks, p.nkheads, p.batch);
-  kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring);
+  kernel<<<grid, kThreads, smem, stream>>>(q, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring);
   check_cuda(cudaGetLastError(), "gdn_replay_step kernel launch");
 }
 

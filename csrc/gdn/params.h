@@ -72,6 +72,9 @@ struct GdnReplayCacheParams {
 
 struct GdnReplayParams : GdnTokenParams {
   GdnReplayCacheParams cache;
+  // Replay step on CUDA: batch ints of device memory for the fold-first row order (common/fold_order.cuh); the
+  // launcher passes the kernel the order it filled there, or null (the grid's order).
+  int* row_order = nullptr;
 };
 
 struct GdnReplayStateParams {

@@ -13,6 +13,8 @@
 //   replay_rows      rows of a group per replay-step block (forced; replay_step.cuh)
 //   replay_prefetch  1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
 //   stream_lean      0: 64-bit row and output addresses in the replay step and verify (default: 32-bit offsets)
+//   replay_fold_first 0: the replay steps (Mamba-2 and GDN) take the grid's row order; 1: folding rows first even
+//                    when the whole grid is resident at once (default: first when it is not; common/fold_order.cuh)
 //   verify_rows      rows of a group per verify block (forced; verify.cuh)
 #pragma once
 
@@ -20,6 +22,7 @@
 #include <type_traits>
 
 #include "../common/cuda_utils.cuh"
+#include "../common/fold_order.cuh"
 #include "../common/math.h"
 #include "../common/rounding.h"
 #include "params.h"

@@ -73,6 +73,9 @@ struct Mamba2ReplayCacheParams {
 
 struct Mamba2ReplayStepParams : Mamba2TokenParams {
   Mamba2ReplayCacheParams cache;
+  // On CUDA: batch ints of device memory for the fold-first row order (common/fold_order.cuh); the launcher passes
+  // the kernel the order it filled there, or null (the grid's order).
+  int* row_order = nullptr;
 };
 
 // Speculative verification of up to `ntokens` tentative tokens per row (MATH.md, "Verifying T tokens at

@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   constexpr int kVecs = Layout::kVecsPerLane;
   constexpr int kCols = Layout::kColsPerLane;
   const Mamba2ReplayCacheParams& c = p.cache;
-  const int b = blockIdx.z, g = blockIdx.y;
+  const int b = p.row_order ? p.row_order[blockIdx.z] : blockIdx.z, g = blockIdx.y;  // (b: the fold-first order)
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
@@ -419,8 +419,11 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   if (smem_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");
+  Mamba2ReplayStepParams q = p;
+  q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
+                                 int64_t(num_sms()) * 3, stream);
   const dim3 grid(chunks, p.ngroups, p.batch);
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring);
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(q, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring);
   check_cuda(cudaGetLastError(), "mamba2_replay_step kernel launch");
 }
 

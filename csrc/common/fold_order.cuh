@@ -1,0 +1,65 @@
+// Fold-first block order of the replay steps (bench/NOTES.md, "Session 10").
+//
+// A row whose slot folds at this step costs its blocks several times a non-folding row's (the fold reads and
+// writes the checkpoint, and with an output view writes the view too: ncu, batch 256, every cursor at 0, the GDN
+// view's folding launch 705 us against ~100 for the others, the Mamba-2 view's 950 against ~165). With the cursors
+// at different positions, as in a serving batch, every launch has some folding rows among many non-folding ones,
+// and a folding row's blocks that start in the grid's last waves finish long after the rest: the launch waits on
+// them. The replay step kernels therefore take their batch row from `order` when it is given: a permutation of
+// the rows with the folding ones first, so that their blocks start in the first wave and the rest fill in around
+// them. The block-to-row map changes nothing else (every block still reads its row's slot and cursor).
+#pragma once
+
+#include "cuda_utils.cuh"
+#include "math.h"
+
+namespace replayssm {
+
+// order[0, batch): the rows whose slot folds at this step (cursor == ring_len - 1) in row order, then the others
+// (pad rows and out-of-range slots among them: the replay kernel skips or rejects those). One block.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) fold_first_order_kernel(const void* slot_ids, bool slot_ids_int64, const int* cursor,
+                                                                    int64_t num_slots, int ring_len, int batch, int* order) {
+  __shared__ int warp_folds[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  auto folds = [&](int r) {
+    if (r >= batch) return false;
+    const int64_t slot = slot_at(slot_ids, slot_ids_int64, r);
+    return slot >= 0 && slot < num_slots && is_fold_step(cursor[slot], ring_len);
+  };
+  int total = 0;
+  for (int r0 = 0; r0 < batch; r0 += kThreads) total += __syncthreads_count(folds(r0 + threadIdx.x));
+  int fold_base = 0, rest_base = total;
+  for (int r0 = 0; r0 < batch; r0 += kThreads) {
+    const int r = r0 + threadIdx.x;
+    const bool f = folds(r);
+    const unsigned ballot = __ballot_sync(0xffffffffu, f);
+    if (lane == 0) warp_folds[warp] = __popc(ballot);
+    __syncthreads();
+    int before = __popc(ballot & ((1u << lane) - 1u)), chunk_folds = 0;  // folding rows of the chunk before r, all
+#pragma unroll 4
+    for (int i = 0; i < kThreads / 32; ++i) {
+      const int n = warp_folds[i];
+      before += i < warp ? n : 0;
+      chunk_folds += n;
+    }
+    if (r < batch) order[f ? fold_base + before : rest_base + int(threadIdx.x) - before] = r;
+    fold_base += chunk_folds;
+    rest_base += min(kThreads, batch - r0) - chunk_folds;
+    __syncthreads();  // (warp_folds is rewritten by the next chunk)
+  }
+}
+
+// The row order for a replay step's grid of `blocks` blocks, `resident` of them at once: `order` (batch ints of
+// device memory) filled fold-first on `stream`, or null (the grid's own order) when the whole grid is resident at
+// once (the order cannot matter) or REPLAYSSM_TUNE has replay_fold_first=0 (=1 forces it).
+inline int* fold_first_order(int* order, const void* slot_ids, bool slot_ids_int64, const int* cursor, int64_t num_slots,
+                             int ring_len, int batch, int64_t blocks, int64_t resident, cudaStream_t stream) {
+  const int knob = tune_knob("replay_fold_first");
+  if (order == nullptr || knob == 0 || (knob < 0 && blocks <= resident)) return nullptr;
+  fold_first_order_kernel<1024><<<1, 1024, 0, stream>>>(slot_ids, slot_ids_int64, cursor, num_slots, ring_len, batch, order);
+  check_cuda(cudaGetLastError(), "fold_first_order kernel launch");
+  return order;
+}
+
+}  // namespace replayssm
