@@ -1375,7 +1375,7 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_step shared memory");
   GdnReplayParams q = p;
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
-                                 int64_t(num_sms()) * kMinBlocks, stream);
+                                 int64_t(num_sms()) * kMinBlocks, !std::is_same_v<src_t, ckpt_t>, stream);
   const dim3 grid(chunks, p.nkheads, p.batch);
   kernel<<<grid, kThreads, smem, stream>>>(q, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring);
   check_cuda(cudaGetLastError(), "gdn_replay_step kernel launch");

@@ -13,8 +13,8 @@
 //   replay_rows      rows of a group per replay-step block (forced; replay_step.cuh)
 //   replay_prefetch  1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
 //   stream_lean      0: 64-bit row and output addresses in the replay step and verify (default: 32-bit offsets)
-//   replay_fold_first 0: the replay steps (Mamba-2 and GDN) take the grid's row order; 1: folding rows first even
-//                    when the whole grid is resident at once (default: first when it is not; common/fold_order.cuh)
+//   replay_fold_first 0: the replay steps (Mamba-2 and GDN) take the grid's row order; 1: folding rows first (the
+//                    default: first with an output view when the grid is not resident at once; common/fold_order.cuh)
 //   verify_rows      rows of a group per verify block (forced; verify.cuh)
 #pragma once
 

@@ -421,7 +421,7 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
                "mamba2_replay_step shared memory");
   Mamba2ReplayStepParams q = p;
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
-                                 int64_t(num_sms()) * 3, stream);
+                                 int64_t(num_sms()) * 3, view, stream);
   const dim3 grid(chunks, p.ngroups, p.batch);
   kernel<<<grid, kThreads, smem_bytes, stream>>>(q, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring);
   check_cuda(cudaGetLastError(), "mamba2_replay_step kernel launch");
