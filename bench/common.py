@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -56,7 +57,9 @@ def time_interleaved(fns: dict, rounds: int = ROUNDS, replays: int = 10, warmup_
 
     fns: {name: fn or (fn, tune)}; every graph is captured first (`capture`), all are replayed round-robin for
     at least warmup_s, then timed in `rounds` rounds, each replaying every graph `replays` times (one replay each,
-    event-timed; the order rotates from round to round). The median is over all of a graph's replays; the spread
+    event-timed), in a different order each round (a seeded shuffle: with a rotation each graph kept the same
+    predecessor in every round, so an effect of the predecessor would bias it instead of showing in the spread;
+    session 10's batch-256 anomaly, bench/NOTES.md). The median is over all of a graph's replays; the spread
     is max/min - 1 of its per-round medians. Interleaving puts every version under the same conditions: timed one
     after the other, two timings of one version differed by up to 9% on the H200 (bench/NOTES.md, session 8).
     """
@@ -76,8 +79,11 @@ def time_interleaved(fns: dict, rounds: int = ROUNDS, replays: int = 10, warmup_
         torch.cuda.synchronize()
     samples = {name: [] for name in names}
     per_round = {name: [] for name in names}
+    shuffle = random.Random(0)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        order = list(names)
+        shuffle.shuffle(order)
+        for name in order:
             graph = graphs[name]
             graph.replay()  # untimed: the previous graph's tail and this one's first-touch effects
             times = []
