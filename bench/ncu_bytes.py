@@ -28,6 +28,7 @@ import common  # noqa: E402
 
 METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum"
 GDN_SHAPE = (32, 16, 128, 128)  # HV, H, K, V
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "ncu_bytes.json")
 KERNELS = {"mamba2": "mamba2_(step|replay_step)_kernel", "gdn": "gdn_(step|replay_step)_kernel"}
 
 
@@ -111,9 +112,10 @@ def measure(model: str, view: bool, batch: int, L: int) -> dict:
     return totals
 
 
-def per_launch(batch: int, L: int) -> None:
+def per_launch(batch: int, L: int, out: str) -> None:
     """Each replay launch's ncu time and DRAM bytes over one cycle with every cursor at 0: the step that folds
-    apart from those that do not (the benchmark's random cursors mix them in every launch)."""
+    apart from those that do not (the benchmark's random cursors mix them in every launch). Written to out."""
+    result = {"batch": batch, "ring_len": L, "metrics": METRICS, "cursors": "all at 0", "launches": {}}
     for model in sorted(KERNELS):
         for view in (False, True):
             cmd = ["ncu", "--clock-control", "none", "--metrics", METRICS, "--csv", "--print-units", "base",
@@ -128,9 +130,13 @@ def per_launch(batch: int, L: int) -> None:
             for row in csv.DictReader(io.StringIO(proc.stdout[start:])):
                 launches.setdefault(int(row["ID"]), {})[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
             print(f"{model} {'view' if view else 'replay'} batch {batch}, L {L}, every cursor from 0:")
+            result["launches"][f"{model}_{'view' if view else 'replay'}"] = [
+                {"us": m["gpu__time_duration.sum"] / 1e3, "read_bytes": m["dram__bytes_read.sum"],
+                 "write_bytes": m["dram__bytes_write.sum"]} for _, m in sorted(launches.items())]
             for i, (_, m) in enumerate(sorted(launches.items())):
                 print(f"  launch {i:2d}: {m['gpu__time_duration.sum'] / 1e3:8.1f} us  read {m['dram__bytes_read.sum'] / 2**20:8.1f} MiB"
                       f"  write {m['dram__bytes_write.sum'] / 2**20:8.1f} MiB")
+    common.write_result(out, result)
 
 
 def main():
@@ -145,14 +151,15 @@ def main():
     parser.add_argument("--cursor", type=int, default=None, help="(with --child) every cursor starts here, not at random")
     parser.add_argument("--no-standard", action="store_true", help="(with --child) the replay steps only")
     parser.add_argument("--per-launch", action="store_true", help="each replay launch's time and bytes, cursors from 0")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "ncu_bytes.json"))
+    parser.add_argument("--out", default=DEFAULT_OUT)
     args = parser.parse_args()
     if args.child:
         workload = mamba2_workload if args.model == "mamba2" else gdn_workload
         workload(args.batch, args.ring_len, view=args.view, standard=not (args.view or args.no_standard), cursor=args.cursor)
         return
     if args.per_launch:
-        per_launch(args.batch, args.ring_len)
+        out = args.out if args.out != DEFAULT_OUT else os.path.join(os.path.dirname(DEFAULT_OUT), f"ncu_per_launch_b{args.batch}.json")
+        per_launch(args.batch, args.ring_len, out)
         return
     L = args.ring_len
     result = {"batch": args.batch, "ring_len": L, "metrics": METRICS, "gdn_shape": dict(zip(("HV", "H", "K", "V"), GDN_SHAPE))}
