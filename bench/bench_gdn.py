@@ -103,7 +103,7 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
                 cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device=device) * 0.1)
                 if cache.view is not None:
                     cache.view.copy_(cache.checkpoint)
-                common.start_cursors(cache, L, gen, aligned)
+                common.start_cursors(cache, L, gen, 0 if aligned else None)
                 caches.append(cache)
 
             def replay_cycle(caches=caches):

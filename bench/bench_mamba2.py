@@ -136,7 +136,7 @@ def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view, aligned=F
         cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device="cuda") * 0.1)
         if cache.view is not None:
             cache.view.copy_(cache.checkpoint)
-        common.start_cursors(cache, L, gen, aligned)
+        common.start_cursors(cache, L, gen, 0 if aligned else None)
         caches.append(cache)
 
     def replay_cycle():

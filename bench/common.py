@@ -112,11 +112,11 @@ def tune_entries(fn: Callable[[], None], kind: str, tunes) -> dict:
     return {(kind, tune): (fn, tune) for tune in tunes}
 
 
-def start_cursors(cache, L: int, gen, aligned: bool = False) -> None:
+def start_cursors(cache, L: int, gen, at: int | None = None) -> None:
     """A cache's cursors staggered at random, as in a serving batch (every step then folds 1/L of the rows), or all
-    at 0 when aligned (the cycle's last step folds every row, the others none)."""
-    if aligned:
-        cache.cursor.zero_()
+    at `at` (from 0: the cycle's last step folds every row, the others none)."""
+    if at is not None:
+        cache.cursor.fill_(at)
     else:
         cache.cursor.copy_(torch.randint(0, L, cache.cursor.shape, generator=gen, device=cache.cursor.device,
                                          dtype=torch.int32))

@@ -32,14 +32,6 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 KERNELS = {"mamba2": "mamba2_(step|replay_step)_kernel", "gdn": "gdn_(step|replay_step)_kernel"}
 
 
-def start_cursors(cache, L: int, gen, cursor: int | None) -> None:
-    """Cursors at random positions (a fold at its true rate in every launch), or all at `cursor`."""
-    if cursor is None:
-        cache.cursor.copy_(torch.randint(0, L, cache.cursor.shape, generator=gen, device="cuda", dtype=torch.int32))
-    else:
-        cache.cursor.fill_(cursor)
-
-
 def mamba2_workload(batch: int, L: int, view: bool, standard: bool, cursor: int | None = None) -> None:
     import replayssm
     from replayssm import Mamba2ReplayCache
@@ -56,7 +48,7 @@ def mamba2_workload(batch: int, L: int, view: bool, standard: bool, cursor: int 
         del pool
     cache = Mamba2ReplayCache.allocate(batch, bm.H, bm.P, bm.G, bm.N, ring_len=L, act_dtype=bm.ACT, device="cuda",
                                        output_view=torch.bfloat16 if view else None)
-    start_cursors(cache, L, gen, cursor)
+    common.start_cursors(cache, L, gen, cursor)
     for step in inputs:
         t = step[0]
         replayssm.mamba2_replay_step(cache, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots,
@@ -85,7 +77,7 @@ def gdn_workload(batch: int, L: int, view: bool, standard: bool, cursor: int | N
     cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, device="cuda") * 0.1)
     if cache.view is not None:
         cache.view.copy_(cache.checkpoint)
-    start_cursors(cache, L, gen, cursor)
+    common.start_cursors(cache, L, gen, cursor)
     for step in inputs:
         t = step[0]
         replayssm.gdn_replay_step(cache, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots,

@@ -65,13 +65,19 @@ __device__ __forceinline__ void load16_stream(const T* ptr, float (&out)[kVec]) 
   unpack16<T>(__ldcs(reinterpret_cast<const uint4*>(ptr)), out);
 }
 
+// kVec floats converted to T, as the 16 bytes that store them.
 template <typename T, int kVec = 16 / sizeof(T)>
-__device__ __forceinline__ void store16_stream(T* ptr, const float (&in)[kVec]) {
+__device__ __forceinline__ uint4 pack16(const float (&in)[kVec]) {
   uint4 raw;
   T* elems = reinterpret_cast<T*>(&raw);
 #pragma unroll
   for (int e = 0; e < kVec; ++e) elems[e] = from_float<T>(in[e]);
-  __stcs(reinterpret_cast<uint4*>(ptr), raw);
+  return raw;
+}
+
+template <typename T, int kVec = 16 / sizeof(T)>
+__device__ __forceinline__ void store16_stream(T* ptr, const float (&in)[kVec]) {
+  __stcs(reinterpret_cast<uint4*>(ptr), pack16<T>(in));
 }
 
 // kCount contiguous elements of T from shared memory, as floats, in 8- or 16-byte loads (p aligned to

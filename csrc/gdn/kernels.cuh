@@ -195,15 +195,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
 #pragma unroll
         for (int v = 0; v < kVecs; ++v) {
           state_t* ptr = S + int64_t(r) * p.state_row_stride + Layout::col(lane_in_row, v, 0);
-          if constexpr (kStreamHints) {
-            store16_stream(ptr, *reinterpret_cast<const float(*)[kVec]>(&s[u][v * kVec]));
-          } else {
-            uint4 raw;
-            state_t* elems = reinterpret_cast<state_t*>(&raw);
-#pragma unroll
-            for (int e = 0; e < kVec; ++e) elems[e] = from_float<state_t>(s[u][v * kVec + e]);
-            *reinterpret_cast<uint4*>(ptr) = raw;
-          }
+          const float(&vec)[kVec] = *reinterpret_cast<const float(*)[kVec]>(&s[u][v * kVec]);
+          if constexpr (kStreamHints) store16_stream(ptr, vec);
+          else *reinterpret_cast<uint4*>(ptr) = pack16<state_t>(vec);
         }
         if (lane_in_row == 0) out[r] = from_float<act_t>(o);
       }
