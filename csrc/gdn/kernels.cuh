@@ -215,7 +215,7 @@ struct GdnReplaySmem {
     int o = 0;
     staging = o, o += up(staging_bytes);                 // [stage][vec][thread] checkpoint vectors
     ru = o, o += up((L - 1) * tile_stride * 4);          // [j][row] ring u_j of the block's rows
-    rk = o, o += up((L - 1) * K * 4);                    // [j][n] ring k_j of the key head
+    rk = o, o += up((L - 1) * K * 4);                    // [j][tile_pos(n)] ring k_j of the key head
     vt = o, o += up(tile_stride * act_bytes);            // [row] v_t (raw)
     qn = o, o += up(K * 4);                              // [n] q_t, normalised and scaled
     kn = o, o += up(K * 4);                              // [n] k_t, normalised
@@ -343,7 +343,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const float* ring_g = c.ring_g + slot * c.ring_g_slot_stride + hv0;
   auto load_ring = [&](int nj) {  // ring positions 0..nj-1
     copy_head_rows<float, kThreads>(ru, ts, ring_u, c.ring_u_pos_stride, c.ring_u_head_stride, V, row_begin, nrows, nj, vec_u);
-    copy_head_rows<float, kThreads>(rk, kK, ring_k, c.ring_k_pos_stride, 0, kK, 0, kK, nj, vec_k);
+    copy_head_rows<float, kThreads>(rk, kK, ring_k, c.ring_k_pos_stride, 0, kK, 0, kK, nj, vec_k,
+                                    [](int n) { return Layout::tile_pos(n); });  // (the fold's axpy_tile reads it)
     for (int idx = threadIdx.x; idx < nheads_block * nj; idx += kThreads) {
       const int hl = idx / nj, j = idx % nj;
       gs[hl * L + j] = ring_g[j * c.ring_g_pos_stride + hl];
@@ -397,9 +398,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // (value head, j), each forming the sums replay_decays forms, in its order).
   const bool fold = is_fold_step(w, L);
   for (int j = warp; j <= w; j += Layout::kWarps) {
-    const float* kj = j < w ? rk + j * kK : kn;
     float a = 0.f, q = 0.f;
-    for (int n = lane; n < kK; n += 32) a = fmaf(kj[n], kn[n], a), q = fmaf(kj[n], qn[n], q);
+    for (int n = lane; n < kK; n += 32) {
+      const float kjn = j < w ? rk[j * kK + Layout::tile_pos(n)] : kn[n];  // (rk: the tile layout)
+      a = fmaf(kjn, kn[n], a), q = fmaf(kjn, qn[n], q);
+    }
     a = group_sum<32>(a), q = group_sum<32>(q);
     if (lane == 0) kk[j] = a, kq[j] = q;
   }
@@ -523,7 +526,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= dcy;
 #pragma unroll 1
-      for (int j = 0; j < w; ++j) Layout::axpy(wh[j] * ru[j * ts + rl], rk + j * kK, lane_in_row, s);
+      for (int j = 0; j < w; ++j) Layout::axpy_tile(wh[j] * ru[j * ts + rl], rk + j * kK, lane_in_row, s);
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] = alpha * s[col] + u * kv[col];
       if (valid) {

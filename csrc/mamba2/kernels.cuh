@@ -80,6 +80,28 @@ struct RowLayout {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) s[v * kVec + e] = fmaf(a, to_float(x[col(lane_in_row, v, e)]), s[v * kVec + e]);
   }
+
+  // An fp32 row of kN columns in shared memory that every row's lanes read whole (a ring entry's k in a GDN fold):
+  // column n sits at tile_pos(n), so that each float4 a lane reads lies next to the same float4 of the row's next
+  // lane. With a 4-byte state_t that is the identity. With a 16-bit one a lane's vector spans 8 columns, 32 bytes of
+  // fp32: in column order lanes l and l + 4 hit the same banks, a 2-way conflict on every LDS.128 (ncu, GDN view
+  // fold at batch 256: 45% of the launch's shared wavefronts excessive, L1 95% busy; bench/NOTES.md, session 11).
+  static constexpr int kSub = kVec / 4;  // float4s per vector
+  __host__ __device__ static int tile_pos(int n) {
+    const int g = n / 4, v = g / (kLanesPerRow * kSub), rem = g % (kLanesPerRow * kSub);
+    return ((v * kSub + rem % kSub) * kLanesPerRow + rem / kSub) * 4 + n % 4;
+  }
+  // axpy from such a tile (16-byte aligned).
+  __device__ static void axpy_tile(float a, const float* tile, int lane_in_row, float (&s)[kColsPerLane]) {
+#pragma unroll
+    for (int v = 0; v < kVecsPerLane; ++v)
+#pragma unroll
+      for (int e4 = 0; e4 < kSub; ++e4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + ((v * kSub + e4) * kLanesPerRow + lane_in_row) * 4);
+        float* d = &s[v * kVec + e4 * 4];
+        d[0] = fmaf(a, x.x, d[0]), d[1] = fmaf(a, x.y, d[1]), d[2] = fmaf(a, x.z, d[2]), d[3] = fmaf(a, x.w, d[3]);
+      }
+  }
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -324,21 +346,25 @@ __device__ __forceinline__ void copy_row_async(uint4* staging, int stage, const 
 // dst[j * dst_stride + k] = src[j * src_pos_stride + row(r0 + k)] for j < nj, k < n, where row(r) is element
 // (r / headdim, r % headdim) of a (heads, headdim) plane with the given head stride. vec: the rows are
 // contiguous (head_stride == headdim) and everything is 16-byte aligned: cp.async by 16 bytes.
-template <typename T, int kThreads>
+// `at` places element i of a tile row at at(i) (RowLayout::tile_pos; it keeps 16-byte groups whole).
+struct IdentityPos {
+  __device__ int operator()(int i) const { return i; }
+};
+template <typename T, int kThreads, typename Pos = IdentityPos>
 __device__ __forceinline__ void copy_head_rows(T* dst, int dst_stride, const T* src, int64_t src_pos_stride,
-                                               int64_t head_stride, int headdim, int r0, int n, int nj, bool vec) {
+                                               int64_t head_stride, int headdim, int r0, int n, int nj, bool vec, Pos at = {}) {
   if (vec) {
     constexpr int kV = 16 / sizeof(T);
     const int nv = n / kV;
     for (int idx = threadIdx.x; idx < nj * nv; idx += kThreads) {
       const int j = idx / nv, k = (idx % nv) * kV;
-      cp_async16(dst + j * dst_stride + k, src + j * src_pos_stride + r0 + k);
+      cp_async16(dst + j * dst_stride + at(k), src + j * src_pos_stride + r0 + k);
     }
   } else {
 #pragma unroll 4
     for (int idx = threadIdx.x; idx < nj * n; idx += kThreads) {
       const int j = idx / n, r = r0 + idx % n;
-      dst[j * dst_stride + r - r0] = src[j * src_pos_stride + (r / headdim) * head_stride + r % headdim];
+      dst[j * dst_stride + at(r - r0)] = src[j * src_pos_stride + (r / headdim) * head_stride + r % headdim];
     }
   }
 }
