@@ -398,9 +398,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // (value head, j), each forming the sums replay_decays forms, in its order).
   const bool fold = is_fold_step(w, L);
   for (int j = warp; j <= w; j += Layout::kWarps) {
+    const float* kj = j < w ? rk + j * kK : kn;
+    const bool tiled = j < w;  // (rk: the tile layout)
     float a = 0.f, q = 0.f;
     for (int n = lane; n < kK; n += 32) {
-      const float kjn = j < w ? rk[j * kK + Layout::tile_pos(n)] : kn[n];  // (rk: the tile layout)
+      const float kjn = kj[tiled ? Layout::tile_pos(n) : n];
       a = fmaf(kjn, kn[n], a), q = fmaf(kjn, qn[n], q);
     }
     a = group_sum<32>(a), q = group_sum<32>(q);

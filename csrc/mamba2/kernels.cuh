@@ -87,9 +87,9 @@ struct RowLayout {
   // fp32: in column order lanes l and l + 4 hit the same banks, a 2-way conflict on every LDS.128 (ncu, GDN view
   // fold at batch 256: 45% of the launch's shared wavefronts excessive, L1 95% busy; bench/NOTES.md, session 11).
   static constexpr int kSub = kVec / 4;  // float4s per vector
-  __host__ __device__ static int tile_pos(int n) {
-    const int g = n / 4, v = g / (kLanesPerRow * kSub), rem = g % (kLanesPerRow * kSub);
-    return ((v * kSub + rem % kSub) * kLanesPerRow + rem / kSub) * 4 + n % 4;
+  __host__ __device__ static int tile_pos(int n) {  // (unsigned: shifts and masks, no sign fix-ups)
+    const unsigned g = unsigned(n) / 4, v = g / (kLanesPerRow * kSub), rem = g % (kLanesPerRow * kSub);
+    return int(((v * kSub + rem % kSub) * kLanesPerRow + rem / kSub) * 4 + unsigned(n) % 4);
   }
   // axpy from such a tile (16-byte aligned).
   __device__ static void axpy_tile(float a, const float* tile, int lane_in_row, float (&s)[kColsPerLane]) {

@@ -371,15 +371,23 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   // At most kThreads heads per block (the decays take a thread per head; a block that straddles heads holds one
   // more than rows / headdim).
   constexpr int kMaxRows = 128 * 1024 / (kN * int(sizeof(src_t)));
-  // 16-bit rows of N = 128 (the view): past 256 rows only while the grid still has ~8 waves of 3 blocks per SM (batch 128:
-  // 256 rows 135.8 us against 512's 140.0; batch 256: 512 rows 231.8 against 256's 247.7; H200, session 8,
-  // interleaved timings, bench/results/session8/mamba2_decode_0279ce1.json; with the rule, 135.9 us at 128 in
-  // bench/results/mamba2_decode.json).
-  int max_rows = std::max(kMaxRows, Layout::kRowsPerIter);
-  if constexpr (sizeof(src_t) == 2 && kN == 128)
-    if (groups_total * group_rows < int64_t(num_sms()) * 3 * 8 * kMaxRows) max_rows = std::max(256, Layout::kRowsPerIter);
+  const int max_rows = std::max(kMaxRows, Layout::kRowsPerIter);
   int rows_per_block = static_cast<int>(std::min<int64_t>({rows, group_rows, forced_rows > 0 ? int64_t(1) << 20 : max_rows,
                                                           int64_t(kThreads - 1) * p.headdim}));
+  // 16-bit rows of N = 128 (the view), since the fold-first order: the largest of 512 and 256 rows that leaves the grid
+  // two waves of 3 blocks per SM or more, else the rule above. H200, session 11, shuffled interleaved timings
+  // (bench/results/session11/), us at batch 32 / 128 / 256 for 128, 256, 512, 1024 rows: 53.0 / 41.8 / 55.5 / 81.6;
+  // 181.9 / 128.7 / 110.3 / 121.5; 349.9 / 245.1 / 207.4 / 213.0 (the former rule's 46.9 / 128.8 / 206.9).
+  if constexpr (sizeof(src_t) == 2 && kN == 128) {
+    if (forced_rows <= 0)
+      for (const int r : {512, 256}) {
+        const int64_t chunks_r = (group_rows + r - 1) / r;
+        if (r <= group_rows && r % Layout::kRowsPerIter == 0 && chunks_r * groups_total >= int64_t(num_sms()) * 3 * 2) {
+          rows_per_block = std::max(rows_per_block, r);
+          break;
+        }
+      }
+  }
   auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
   auto smem_for = [&](int r) {
     return size_t(ReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kN, c.ring_len, heads_for(r)).total);
