@@ -41,7 +41,8 @@
 //                      (plain caches; a cache with a view has its own configuration, any activation dtype and K)
 //   gdn_view_variant   a cache with a bf16 view, bf16 activations, K = 128: default 4 stages, 8 lanes, 4 blocks/SM
 //                      (4% faster at batch 256 and 32, level at 128, 3% slower at 1; 12 bytes spilled outside the
-//                      row loop); 0: 6 stages, 8 lanes, 3 blocks/SM (the layout of every other view configuration)
+//                      row loop); 0: 6 stages, 8 lanes, 3 blocks/SM (the layout of every other view configuration);
+//                      2: 6 stages, 8 lanes, 4 blocks/SM (not yet timed)
 //   gdn_replay_bps     blocks per SM the row split aims at (default 12: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
 //   replay_fold_first  0 / 1: as for the Mamba-2 replay step (mamba2/kernels.cuh; common/fold_order.cuh)
@@ -1392,7 +1393,13 @@ void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream
           // K >= 128: 16 columns per lane in six stages (gdn_replay_variant=2's layout; the same bytes in flight as
           // ReplayLanes' 32 columns in three, which spill with the view at 168 registers: ptxas -v, 150 here).
           if constexpr (kK == 128 && kAct == DType::kBFloat16)
-            if (tune_knob("gdn_view_variant") != 0) return launch_gdn_replay_step<float, act_t, kK, 4, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
+            switch (tune_knob("gdn_view_variant")) {
+              case 0: break;
+              // 6 stages at 4 blocks per SM: 24 KiB of view rows in flight per block instead of 16 (a non-folding
+              // launch is latency-bound: DRAM 64%, L1 36% at batch 256, bench/NOTES.md session 11; ~51 KB per block).
+              case 2: return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
+              default: return launch_gdn_replay_step<float, act_t, kK, 4, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
+            }
           if constexpr (kK >= 128) return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 3, view_t>(p, stream);
           else return launch_gdn_replay_step<float, act_t, kK, 3, ReplayLanes<view_t, kK>::value, 3, view_t>(p, stream);
         } else {
