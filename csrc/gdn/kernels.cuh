@@ -1395,8 +1395,9 @@ void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream
           if constexpr (kK == 128 && kAct == DType::kBFloat16)
             switch (tune_knob("gdn_view_variant")) {
               case 0: break;
-              // 6 stages at 4 blocks per SM: 24 KiB of view rows in flight per block instead of 16 (a non-folding
-              // launch is latency-bound: DRAM 64%, L1 36% at batch 256, bench/NOTES.md session 11; ~51 KB per block).
+              // 6 stages at 4 blocks per SM: 5 stages of view rows in flight per thread (20 KiB per block) instead of
+              // 3 (a non-folding launch saturates nothing at batch 256: DRAM 64%, L2 74%, SM 58%, bench/NOTES.md
+              // session 11; ~51 KB of shared memory per block).
               case 2: return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
               default: return launch_gdn_replay_step<float, act_t, kK, 4, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
             }
