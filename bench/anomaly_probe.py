@@ -27,7 +27,6 @@ CONFIGS = {"default": "replay_fold_first=-1", "forced": "replay_fold_first=1", "
 
 def view_cycle(model: str, batch: int, L: int, gen):
     """The view replay over one full cycle of a layer stack, as the decode benchmarks build it."""
-    import replayssm
     if model == "mamba2":
         n_layers = max(2, math.ceil(4 * common.l2_bytes() / (batch * bm.H * bm.P * bm.N * 4)))
         inputs = bm.make_inputs(batch, n_layers, L, gen)
@@ -43,19 +42,7 @@ def view_cycle(model: str, batch: int, L: int, gen):
     A_log = torch.rand(HV, generator=gen, device="cuda") * math.log(16.0)
     dt_bias = torch.rand(HV, generator=gen, device="cuda") - 4.0
     slots = torch.arange(batch, dtype=torch.int32, device="cuda")
-    caches = []
-    for _ in range(n_layers):
-        cache = replayssm.GdnReplayCache.allocate(batch, HV, H, K, V, ring_len=L, output_view=torch.bfloat16, device="cuda")
-        cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device="cuda") * 0.1)
-        cache.view.copy_(cache.checkpoint)
-        common.start_cursors(cache, L, gen)
-        caches.append(cache)
-
-    def cycle():
-        for step in inputs:
-            for cache, t in zip(caches, step):
-                replayssm.gdn_replay_step(cache, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots,
-                                          dt_bias=dt_bias, out=t["out"])
+    _, cycle = bg.replay_caches(batch, n_layers, L, shape, gen, inputs, A_log, dt_bias, slots, torch.bfloat16)
     return cycle, L * n_layers
 
 

@@ -59,6 +59,24 @@ def make_inputs(batch, n_layers, L, shape, gen, device):
                   out=torch.empty(batch, HV, V, dtype=ACT, device=device)) for _ in range(n_layers)] for _ in range(L)]
 
 
+def replay_caches(batch, n_layers, L, shape, gen, inputs, A_log, dt_bias, slots, view, aligned=False, device="cuda"):
+    """Fresh caches (with the bf16 output view when view is set), cursors staggered (all at 0 when aligned), and the
+    function that runs the replay step over one full cycle on them."""
+    HV, H, K, V = shape
+    caches = []
+    for _ in range(n_layers):
+        cache = GdnReplayCache.allocate(batch, HV, H, K, V, ring_len=L, output_view=view, device=device)
+        common.fill_cache(cache, L, gen, aligned)
+        caches.append(cache)
+
+    def replay_cycle():
+        for step in inputs:
+            for cache, t in zip(caches, step):
+                replayssm.gdn_replay_step(cache, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots,
+                                          dt_bias=dt_bias, out=t["out"])
+    return caches, replay_cycle
+
+
 def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
     """µs per step and layer of every kernel at one batch size, all timed interleaved in one time_interleaved call
     (with their alternative configurations when tune); smoke: each run once, eagerly, on the CPU."""
@@ -97,20 +115,8 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
     for view in (None, torch.bfloat16):
         name = "replay" if view is None else "replay_view"
         for aligned in (False, True) if tune else (False,):
-            caches = []
-            for _ in range(n_layers):
-                cache = GdnReplayCache.allocate(batch, HV, H, K, V, ring_len=L, output_view=view, device=device)
-                cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device=device) * 0.1)
-                if cache.view is not None:
-                    cache.view.copy_(cache.checkpoint)
-                common.start_cursors(cache, L, gen, 0 if aligned else None)
-                caches.append(cache)
-
-            def replay_cycle(caches=caches):
-                for step in inputs:
-                    for cache, t in zip(caches, step):
-                        replayssm.gdn_replay_step(cache, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots,
-                                                  dt_bias=dt_bias, out=t["out"])
+            caches, replay_cycle = replay_caches(batch, n_layers, L, shape, gen, inputs, A_log, dt_bias, slots, view,
+                                                 aligned, device)
             if aligned:
                 common.add_aligned(fns, all_caches, name, caches, replay_cycle)
             else:

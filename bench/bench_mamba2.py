@@ -134,10 +134,7 @@ def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view, aligned=F
     caches = []
     for _ in range(n_layers):
         cache = Mamba2ReplayCache.allocate(batch, H, P, G, N, ring_len=L, act_dtype=ACT, output_view=view, device="cuda")
-        cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device="cuda") * 0.1)
-        if cache.view is not None:
-            cache.view.copy_(cache.checkpoint)
-        common.start_cursors(cache, L, gen, 0 if aligned else None)
+        common.fill_cache(cache, L, gen, aligned)
         caches.append(cache)
 
     def replay_cycle():

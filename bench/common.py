@@ -112,6 +112,15 @@ def tune_entries(fn: Callable[[], None], kind: str, tunes) -> dict:
     return {(kind, tune): (fn, tune) for tune in tunes}
 
 
+def fill_cache(cache, L: int, gen, aligned: bool = False) -> None:
+    """A benchmark's fresh replay cache made to look in use: a random checkpoint (x 0.1), its view (if any) equal to
+    it, cursors staggered (start_cursors), or all at 0 when aligned."""
+    cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen, device=cache.checkpoint.device) * 0.1)
+    if cache.view is not None:
+        cache.view.copy_(cache.checkpoint)
+    start_cursors(cache, L, gen, 0 if aligned else None)
+
+
 def start_cursors(cache, L: int, gen, at: int | None = None) -> None:
     """A cache's cursors staggered at random, as in a serving batch (every step then folds 1/L of the rows), or all
     at `at` (from 0: the cycle's last step folds every row, the others none)."""
