@@ -16,9 +16,12 @@
 # call, their builds in parallel (one build's time for all). VARIANTS lists NAME=patch+patch... (NAME alone: the
 # tree as it is); each is copied to /tmp/var/NAME, patched and built in place; then each entry of VRUNS,
 # NAME:KIND with KIND mamba2, gdn, spec or gdnspec (that `--tune` benchmark, plus VBENCH_ARGS, into
-# $OUT/KIND_NAME.json) or test (the CUDA tests, -k VTEST_K when set), runs in order in its copy (logs in /tmp/var:
+# $OUT/KIND_NAME.json), test (the CUDA tests, -k VTEST_K when set) or sanitize (memcheck over the CUDA tests of
+# VSAN_TESTS, default tests, -k VSAN_K when set), runs in order in its copy (logs in /tmp/var:
 # the call prints their tails). The working tree is left as it was. Example (session 7):
 # VARIANTS="base p1=ring-sum-at-flush" VRUNS="base:mamba2 p1:mamba2" bash scripts/gpu_job.sh variants
+# VREUSE=1 keeps the builds a previous call left in /tmp/var (a machine still warm: a call within its idle
+# release) and builds only the missing ones.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -71,9 +74,11 @@ for step in $STEPS; do
       stalls _gdnverify gdn_replay_verify 2 "python3 bench/bench_gdn_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json"
       stalls _verify mamba2_replay_verify 2 "python3 bench/bench_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json" ;;
     variants)
-      rm -rf /tmp/var; mkdir -p /tmp/var
+      [ -n "${VREUSE:-}" ] || rm -rf /tmp/var; mkdir -p /tmp/var
       for v in ${VARIANTS:-base}; do
         name=${v%%=*}; patches=; [ "$name" != "$v" ] && patches=${v#*=}
+        if [ -n "${VREUSE:-}" ] && ls /tmp/var/$name/replayssm/_C*.so > /dev/null 2>&1; then echo "=== reusing $name"; continue; fi
+        rm -rf /tmp/var/$name
         mkdir -p /tmp/var/$name
         tar --exclude=./build --exclude=./.git --exclude=./.venv --exclude='./replayssm/_C*.so' -cf - . | tar -xf - -C /tmp/var/$name
         ( cd /tmp/var/$name && { for p in ${patches//+/ }; do git apply "bench/patches/$p.patch" || exit 1; done
@@ -88,6 +93,8 @@ for step in $STEPS; do
         cd /tmp/var/$name; export PYTHONPATH=/tmp/var/$name
         case $kind in
           test) LOGDIR=/tmp/var run "test_$name" python3 -m pytest -q -rs tests -m cuda ${VTEST_K:+-k "$VTEST_K"} ;;
+          sanitize) LOGDIR=/tmp/var run "sanitize_$name" compute-sanitizer --tool memcheck --target-processes all \
+              python3 -m pytest -q -x -m cuda ${VSAN_TESTS:-tests} ${VSAN_K:+-k "$VSAN_K"} ;;
           *) case $kind in mamba2) script=bench_mamba2.py ;; gdn) script=bench_gdn.py ;; spec) script=bench_speculative.py ;;
                gdnspec) script=bench_gdn_speculative.py ;; *) echo "=== unknown run kind $kind"; status=1; cd - > /dev/null; continue ;; esac
              LOGDIR=/tmp/var run "${kind}_$name" python3 bench/$script --tune ${VBENCH_ARGS:-} --out "$OUT/${kind}_$name.json" ;;
