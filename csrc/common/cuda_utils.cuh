@@ -99,15 +99,13 @@ __device__ __forceinline__ void load_shared_vec(const T* p, float (&out)[kCount]
 }
 
 // Sum over aligned groups of kWidth lanes (kWidth a power of two <= 32); every lane gets its group's sum.
-// Part `level` of x's three-way bf16 split: x == hi + mid + lo exactly for every fp32 x of normal range (each
-// part takes the next 8 significant bits, rounded to nearest; the remainders are exact in fp32), 0 for level 3+.
-__device__ __forceinline__ uint32_t bf16_split_bits(float x, int level) {
-  const __nv_bfloat16 hi = __float2bfloat16_rn(x);
+// x's exact three-way bf16 split: x == hi + mid + lo for every fp32 x of normal range (each part takes the next
+// 8 significant bits, rounded to nearest; the remainders are exact in fp32).
+__device__ __forceinline__ void bf16_split3(float x, __nv_bfloat16& hi, __nv_bfloat16& mid, __nv_bfloat16& lo) {
+  hi = __float2bfloat16_rn(x);
   const float r1 = x - __bfloat162float(hi);
-  const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-  const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
-  const __nv_bfloat16 part = level == 0 ? hi : level == 1 ? mid : level == 2 ? lo : __float2bfloat16_rn(0.f);
-  return uint32_t(__bfloat16_as_ushort(part));
+  mid = __float2bfloat16_rn(r1);
+  lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
 }
 
 // d += a * b on the tensor cores: one m16n8k16 tile, bf16 inputs (packed pairs, the lower index in the lower

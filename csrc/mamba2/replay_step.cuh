@@ -134,6 +134,11 @@ __global__ void __launch_bounds__(kThreads, 3)
     for (int n = threadIdx.x; n < kN; n += kThreads) {
       Bt_s[n] = to_float(Bt[n]);
       C_s[n] = to_float(Ct[n]);
+      if constexpr (kMma) {
+        __nv_bfloat16* split = reinterpret_cast<__nv_bfloat16*>(smem_raw + off.csplit);
+        bf16_split3(C_s[n], split[n], split[kN + n], split[2 * kN + n]);
+        split[3 * kN + n] = __float2bfloat16_rn(0.f);
+      }
     }
     for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads) {
       const int h = h0 + hl;
@@ -207,16 +212,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
   float Cv[kMma ? 1 : kCols];  // this lane's columns of C_t
   uint4 Cf[kMma ? kVecs : 1];   // kMma: the B fragments, this lane's columns of C_t's part lane / 4
-  if constexpr (kMma) {
+  if constexpr (kMma) {  // (the split's part min(lane / 4, 3), formed with C_t in the prologue)
+    const __nv_bfloat16* part = reinterpret_cast<const __nv_bfloat16*>(smem_raw + off.csplit) + min(lane >> 2, 3) * kN;
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      uint32_t w[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        w[k] = bf16_split_bits(C_s[Layout::col(lane_in_row, v, 2 * k)], lane >> 2) |
-               bf16_split_bits(C_s[Layout::col(lane_in_row, v, 2 * k + 1)], lane >> 2) << 16;
-      Cf[v] = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    for (int v = 0; v < kVecs; ++v) Cf[v] = *reinterpret_cast<const uint4*>(part + Layout::col(lane_in_row, v, 0));
   } else {
 #pragma unroll
     for (int v = 0; v < kVecs; ++v)
@@ -307,11 +306,12 @@ __global__ void __launch_bounds__(kThreads, 3)
         // Row g's parts at columns 2 (lane % 4) and 2 (lane % 4) + 1 of lanes 4g..4g+3 (c0, c1), row g + 8's in c2, c3.
         const float y0 = group_sum<4>((d0[0] + d1[0]) + (d0[1] + d1[1]));
         const float y8 = group_sum<4>((d0[2] + d1[2]) + (d0[3] + d1[3]));
-        if (pair) {
-          take(it - 1, decay[held_hl] * y0, held_code);
-          take(it, decay[hl] * y8, code);
-        } else {
-          take(it, decay[hl] * y0, code);
+        // A pair hands on (it - 1, rows g) and (it, rows g + 8); the last even iteration (it, rows g). One copy of
+        // take's code (a loop, not two calls: the loop body stays small).
+#pragma unroll 1
+        for (int t = pair ? 0 : 1; t < 2; ++t) {
+          const bool first = t == 0;
+          take(first ? it - 1 : it, decay[first ? held_hl : hl] * (first || !pair ? y0 : y8), first ? held_code : code);
         }
       }
     } else {
