@@ -70,10 +70,8 @@ STEP_TUNES = ["step_unroll=1", "step_unroll=2", "step_unroll=4", "step_unroll=8"
 # replay_fold_first=-1 is the default configuration (tune_knob reads -1 as unset) timed as a separate graph: at batch
 # 256 the default entry and identical tune entries differed by 4-11% in session 10 (bench/NOTES.md).
 REPLAY_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=1", "replay_rows=64", "replay_rows=128", "replay_rows=256", "replay_rows=512", "replay_prefetch=0", "replay_prefetch=1", "stream_lean=0"]
-# (replay_mma=0: the view's dots on the CUDA cores, the default before session 12.)
-VIEW_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=1", "stream_lean=0", "replay_mma=0",
-              "replay_rows=128", "replay_rows=256", "replay_rows=512", "replay_rows=1024",
-              "replay_mma=0,replay_rows=256"]  # the view runs the same kernel and launcher as plain caches
+VIEW_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=1", "stream_lean=0", "replay_rows=128", "replay_rows=256",
+              "replay_rows=512", "replay_rows=1024"]  # the view runs the same kernel and launcher as plain caches
 
 
 def bench_batch(batch, L, ssu, gen, tune=False) -> dict:

@@ -142,8 +142,8 @@ def test_verify_with_the_numerical_split():
 @pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("N", [16, 128, 256])
 @pytest.mark.parametrize("mode", ["view", "stochastic"])
-@pytest.mark.parametrize("tune", ["", "replay_prefetch=0,replay_rows=48", "stream_lean=0", "stream_lean=0,replay_rows=48",
-                                  "replay_mma=0", "replay_rows=96"], ids=lambda t: t or "default")
+@pytest.mark.parametrize("tune", ["", "replay_prefetch=0,replay_rows=48", "stream_lean=0", "stream_lean=0,replay_rows=48"],
+                         ids=lambda t: t or "default")
 def test_cuda_numerical_split_matches_cpu(monkeypatch, tune, mode, N, act_dtype):
     """The CUDA replay step with a bf16 view (fp32 master) or with stochastic rounding at folds (bf16 checkpoint)
     against the CPU one on the same inputs: the same outputs to fp32 accuracy (the view's values are the same
@@ -151,9 +151,7 @@ def test_cuda_numerical_split_matches_cpu(monkeypatch, tune, mode, N, act_dtype)
     stochastic rounding the same roundings for the same seed (all but elements whose fp32 value differs in
     its last bits between the two implementations' summation orders), reproducible run to run, and the same
     fold counts. Row layouts of 2, 4 and 8 lanes (N = 16, 128, 256); the default launch, and blocks that
-    straddle heads with the ring read after the cursor. The view of N = 128 (4 lanes a row) takes its dots on the
-    tensor cores by default: also with replay_mma=0, and with 96 rows a block (3 row iterations and 1: a tile
-    whose second half is empty)."""
+    straddle heads with the ring read after the cursor."""
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     split_matches_cpu(mode, N, act_dtype)
 

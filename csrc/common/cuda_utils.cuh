@@ -99,30 +99,6 @@ __device__ __forceinline__ void load_shared_vec(const T* p, float (&out)[kCount]
 }
 
 // Sum over aligned groups of kWidth lanes (kWidth a power of two <= 32); every lane gets its group's sum.
-// x's exact three-way bf16 split: x == hi + mid + lo for every fp32 x of normal range (each part takes the next
-// 8 significant bits, rounded to nearest; the remainders are exact in fp32).
-__device__ __forceinline__ void bf16_split3(float x, __nv_bfloat16& hi, __nv_bfloat16& mid, __nv_bfloat16& lo) {
-  hi = __float2bfloat16_rn(x);
-  const float r1 = x - __bfloat162float(hi);
-  mid = __float2bfloat16_rn(r1);
-  lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
-}
-
-// d += a * b on the tensor cores: one m16n8k16 tile, bf16 inputs (packed pairs, the lower index in the lower
-// half), fp32 accumulation (the products exact; the sum to fp32 accuracy, in the hardware's order).
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                               uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-  __trap();  // (launchers take this path only on sm_80 and later)
-#endif
-}
-
 template <int kWidth>
 __device__ __forceinline__ float group_sum(float v) {
 #pragma unroll
@@ -172,14 +148,6 @@ inline int num_sms() {
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   return count;
-}
-
-// The current device's compute capability major version (tensor-core paths need 8 or later).
-inline int cc_major() {
-  int device = 0, major = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-  return major;
 }
 
 // The current device's opt-in shared-memory limit per block (what cudaFuncSetAttribute may raise a kernel to).

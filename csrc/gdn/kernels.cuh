@@ -1392,17 +1392,22 @@ void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream
           using view_t = __nv_bfloat16;
           // K >= 128: 16 columns per lane in six stages (gdn_replay_variant=2's layout; the same bytes in flight as
           // ReplayLanes' 32 columns in three, which spill with the view at 168 registers: ptxas -v, 150 here).
-          if constexpr (kK == 128 && kAct == DType::kBFloat16)
-            switch (tune_knob("gdn_view_variant")) {
-              case 0: break;
-              // 6 stages at 4 blocks per SM: 5 stages of view rows in flight per thread (20 KiB per block) instead of
-              // 3 (a non-folding launch saturates nothing at batch 256: DRAM 64%, L2 74%, SM 58%, bench/NOTES.md
-              // session 11; ~51 KB of shared memory per block).
-              case 2: return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
-              default: return launch_gdn_replay_step<float, act_t, kK, 4, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
-            }
-          if constexpr (kK >= 128) return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 3, view_t>(p, stream);
-          else return launch_gdn_replay_step<float, act_t, kK, 3, ReplayLanes<view_t, kK>::value, 3, view_t>(p, stream);
+          // (An if-else chain, not `if constexpr (...) switch` followed by `if constexpr ... else`: with that form
+          // nvcc 13.0's device pass compiled the else branch's kernels for K >= 128 and non-bf16 activations while
+          // the host launched the first branch's, "invalid device function" on the H200, session 12.)
+          if constexpr (kK == 128 && kAct == DType::kBFloat16) {
+            const int variant = tune_knob("gdn_view_variant");
+            // 2: 6 stages at 4 blocks per SM, 5 stages of view rows in flight per thread (20 KiB per block) instead
+            // of 3 (a non-folding launch saturates nothing at batch 256: DRAM 64%, L2 74%, SM 58%, bench/NOTES.md
+            // session 11; ~51 KB of shared memory per block). 0: the layout of the other K >= 128 views.
+            if (variant == 2) return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
+            if (variant != 0) return launch_gdn_replay_step<float, act_t, kK, 4, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
+            return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 3, view_t>(p, stream);
+          } else if constexpr (kK >= 128) {
+            return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 3, view_t>(p, stream);
+          } else {
+            return launch_gdn_replay_step<float, act_t, kK, 3, ReplayLanes<view_t, kK>::value, 3, view_t>(p, stream);
+          }
         } else {
           throw std::invalid_argument("replayssm: on CUDA the GDN output view must be of an fp32 checkpoint");
         }

@@ -19,16 +19,7 @@
 // likewise, reads B_j at folds in 8/16-byte vectors, and forms the block scalars in parallel (below). Measured on
 // the H200 at 3114e59 (bench/results/mamba2_decode_tune_3114e59.json), batch 256: 325.6 us against 329.3 on an fp32
 // checkpoint, 279.7 against 296.8 on the view.
-// kMma (the bf16 view, 4 lanes per row; REPLAYSSM_TUNE replay_mma=0 turns it off): the dots S_c . C_t of two
-// consecutive iterations on the tensor cores, one m16n8k16 tile per 16 columns, instead of 2 x kCols FMAs and
-// unpacks a lane. A thread's row in iteration 2i is row g of the tile and its row in iteration 2i + 1 row g + 8
-// (g = lane / 4, as the tile's fragments have it); the k order is each lane's own staged columns (a dot's order
-// is free), so the staged words are the A fragments as they are. The B column n holds part n of C_t's exact
-// three-way bf16 split (hi, mid, lo; columns 3-7 zero): the view's values times fp32 C_t, products exact, summed
-// in fp32 (for bf16 activations C_t is a bf16 value: mid = lo = 0). Outputs only: the view serves outputs, the
-// folds are unchanged.
-template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, bool kLean = false,
-          bool kMma = false>
+template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, bool kLean = false>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel_v10(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
                               const bool io_vec, const bool prefetch_ring) {
@@ -38,8 +29,6 @@ __global__ void __launch_bounds__(kThreads, 3)
   constexpr int kLanes = Layout::kLanesPerRow;
   constexpr int kVecs = Layout::kVecsPerLane;
   constexpr int kCols = Layout::kColsPerLane;
-  static_assert(!kMma || (kView && kLean && std::is_same_v<src_t, __nv_bfloat16> && kLanes == 4),
-                "the tensor-core dots take a bf16 view's rows, 4 lanes each");
   const Mamba2ReplayCacheParams& c = p.cache;
   const int b = p.row_order ? p.row_order[blockIdx.z] : blockIdx.z, g = blockIdx.y;  // (b: the fold-first order)
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
@@ -134,11 +123,6 @@ __global__ void __launch_bounds__(kThreads, 3)
     for (int n = threadIdx.x; n < kN; n += kThreads) {
       Bt_s[n] = to_float(Bt[n]);
       C_s[n] = to_float(Ct[n]);
-      if constexpr (kMma) {
-        __nv_bfloat16* split = reinterpret_cast<__nv_bfloat16*>(smem_raw + off.csplit);
-        bf16_split3(C_s[n], split[n], split[kN + n], split[2 * kN + n]);
-        split[3 * kN + n] = __float2bfloat16_rn(0.f);
-      }
     }
     for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads) {
       const int h = h0 + hl;
@@ -210,18 +194,11 @@ __global__ void __launch_bounds__(kThreads, 3)
       for (int j = 0; j <= w; ++j) w_row[j] *= dt_at(j);
     }
   }
-  float Cv[kMma ? 1 : kCols];  // this lane's columns of C_t
-  uint4 Cf[kMma ? kVecs : 1];   // kMma: the B fragments, this lane's columns of C_t's part lane / 4
-  if constexpr (kMma) {  // (the split's part min(lane / 4, 3), formed with C_t in the prologue)
-    const __nv_bfloat16* part = reinterpret_cast<const __nv_bfloat16*>(smem_raw + off.csplit) + min(lane >> 2, 3) * kN;
+  float Cv[kCols];  // this lane's columns of C_t
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v) Cf[v] = *reinterpret_cast<const uint4*>(part + Layout::col(lane_in_row, v, 0));
-  } else {
+  for (int v = 0; v < kVecs; ++v)
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-      for (int e = 0; e < Layout::kVec; ++e) Cv[v * Layout::kVec + e] = C_s[Layout::col(lane_in_row, v, e)];
-  }
+    for (int e = 0; e < Layout::kVec; ++e) Cv[v * Layout::kVec + e] = C_s[Layout::col(lane_in_row, v, e)];
   if (!fold) {  // append this token's x to the ring (its B and dt after the loop)
     act_t* dst = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride +
                  int64_t(g) * heads_per_group * c.ring_x_head_stride;
@@ -248,10 +225,29 @@ __global__ void __launch_bounds__(kThreads, 3)
   // Pending: (head within the block) << 16 | p, or -1 for none (two registers, not five: the view's kernel spilled).
   float y_pend = 0.f;
   int pend = -1;
-  // Iteration it's output y (every lane of the row holds it; code: head within the block << 16 | p, or -1).
-  auto take = [&](int it, float y, int code) {
+  int stage = 0;  // it % kStages
+  for (int it = 0; it < n_iter; ++it) {
+    issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
+    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
+    const RowPos q = pos;
+    pos.advance<Layout::kRowsPerIter>(p.headdim);
+    const bool valid = q.r < row_end;
+    const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
+    float s[kCols];
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v)
+      unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
+                      *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+    stage = stage == kStages - 1 ? 0 : stage + 1;
+    // S_c . C_t over this lane's columns in four independent chains (one chain of kCols dependent FMAs was the
+    // largest stall, waiting on the previous FMA).
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(s[col], Cv[col], part[col % 4]);
+    const float* wdt_h = wdt + hl * L;
+    const float y = group_sum<kLanes>(decay[hl] * ((part[0] + part[1]) + (part[2] + part[3])));
     const int k = it % kLanes;
-    if (k == lane_in_row) y_pend = y, pend = code;
+    if (k == lane_in_row) y_pend = y, pend = valid ? q.hl << 16 | q.i : -1;
     if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
       if (pend >= 0) {
         const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * p.headdim + ip - row_begin;
@@ -269,63 +265,6 @@ __global__ void __launch_bounds__(kThreads, 3)
           static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hp) * p.out_head_stride + ip] = from_float<act_t>(yo);
       }
       pend = -1;
-    }
-  };
-  [[maybe_unused]] uint4 held[kMma ? kVecs : 1];  // kMma: an even iteration's staged words, until the next one
-  [[maybe_unused]] int held_code = -1, held_hl = 0;
-  int stage = 0;  // it % kStages
-  for (int it = 0; it < n_iter; ++it) {
-    issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
-    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
-    const RowPos q = pos;
-    pos.advance<Layout::kRowsPerIter>(p.headdim);
-    const bool valid = q.r < row_end;
-    const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
-    const int code = valid ? q.hl << 16 | q.i : -1;
-    const float* wdt_h = wdt + hl * L;
-    float s[kCols];
-    if constexpr (kMma) {
-      uint4 cur[kVecs];
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v) cur[v] = staging[(stage * kVecs + v) * kThreads + threadIdx.x];
-      stage = stage == kStages - 1 ? 0 : stage + 1;
-      if ((it & 1) == 0 && it + 1 < n_iter) {  // the tile's rows g: wait for rows g + 8 (the next iteration)
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v) held[v] = cur[v];
-        held_code = code, held_hl = hl;
-      } else {
-        const bool pair = it & 1;  // else the last iteration, even: rows g + 8 zero
-        float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};  // two chains, even and odd k steps
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-          const uint4 g0 = pair ? held[v] : cur[v];
-          const uint4 g8 = pair ? cur[v] : make_uint4(0u, 0u, 0u, 0u);
-          mma_bf16_16816(d0, g0.x, g8.x, g0.y, g8.y, Cf[v].x, Cf[v].y);
-          mma_bf16_16816(d1, g0.z, g8.z, g0.w, g8.w, Cf[v].z, Cf[v].w);
-        }
-        // Row g's parts at columns 2 (lane % 4) and 2 (lane % 4) + 1 of lanes 4g..4g+3 (c0, c1), row g + 8's in c2, c3.
-        const float y0 = group_sum<4>((d0[0] + d1[0]) + (d0[1] + d1[1]));
-        const float y8 = group_sum<4>((d0[2] + d1[2]) + (d0[3] + d1[3]));
-        // A pair hands on (it - 1, rows g) and (it, rows g + 8); the last even iteration (it, rows g). One copy of
-        // take's code (a loop, not two calls: the loop body stays small).
-#pragma unroll 1
-        for (int t = pair ? 0 : 1; t < 2; ++t) {
-          const bool first = t == 0;
-          take(first ? it - 1 : it, decay[first ? held_hl : hl] * (first || !pair ? y0 : y8), first ? held_code : code);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-        unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
-                        *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
-      stage = stage == kStages - 1 ? 0 : stage + 1;
-      // S_c . C_t over this lane's columns in four independent chains (one chain of kCols dependent FMAs was the
-      // largest stall, waiting on the previous FMA).
-      float part[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(s[col], Cv[col], part[col % 4]);
-      take(it, group_sum<kLanes>(decay[hl] * ((part[0] + part[1]) + (part[2] + part[3]))), code);
     }
     if (fold) {
       // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
@@ -478,17 +417,13 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * 3;
   const size_t smem_bytes = smem_for(rows_per_block);
   // kLean's 32-bit offsets: a block's rows within a group of heads, and the outputs of a batch row.
-  constexpr bool view = !std::is_same_v<src_t, ckpt_t>;
+  const bool view = !std::is_same_v<src_t, ckpt_t>;
   const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
   const bool offsets_fit = int64_t(p.nheads / p.ngroups) * head_stride + int64_t(p.headdim) * row_stride < (int64_t(1) << 31) &&
                            int64_t(p.nheads) * p.out_head_stride < (int64_t(1) << 31);
-  const bool lean = tune_knob("stream_lean") != 0 && offsets_fit;
-  auto kernel = lean ? mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true>
-                     : mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, false>;
-  // The bf16 view's dots on the tensor cores (sm_80 and later).
-  if constexpr (view && std::is_same_v<src_t, __nv_bfloat16> && Layout::kLanesPerRow == 4)
-    if (lean && tune_knob("replay_mma") != 0 && cc_major() >= 8)
-      kernel = mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true, true>;
+  auto kernel = tune_knob("stream_lean") != 0 && offsets_fit
+                    ? mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true>
+                    : mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, false>;
   if (smem_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");
