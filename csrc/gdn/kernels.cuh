@@ -1392,9 +1392,10 @@ void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream
           using view_t = __nv_bfloat16;
           // K >= 128: 16 columns per lane in six stages (gdn_replay_variant=2's layout; the same bytes in flight as
           // ReplayLanes' 32 columns in three, which spill with the view at 168 registers: ptxas -v, 150 here).
-          // (An if-else chain, not `if constexpr (...) switch` followed by `if constexpr ... else`: with that form
-          // nvcc 13.0's device pass compiled the else branch's kernels for K >= 128 and non-bf16 activations while
-          // the host launched the first branch's, "invalid device function" on the H200, session 12.)
+          // (An if-else chain: with `if constexpr (...) switch {...}` followed by `if constexpr (kK >= 128) ... else`,
+          // nvcc 13.0 compiled and launched the else branch's kernels for K >= 128 views of fp32/fp16 activations
+          // (ptxas's entry list; 3 stages, 4 lanes at K = 128), whose launch failed on the H200 with "invalid device
+          // function", session 12; this form compiles the intended 6-stage kernels, as before that switch.)
           if constexpr (kK == 128 && kAct == DType::kBFloat16) {
             const int variant = tune_knob("gdn_view_variant");
             // 2: 6 stages at 4 blocks per SM, 5 stages of view rows in flight per thread (20 KiB per block) instead
