@@ -336,10 +336,8 @@ def test_gdn_verify_with_the_numerical_split():
 # The CUDA GDN replay step with the split against the CPU one. Blocks per slot: the default split (at batch 2 it
 # spreads a key head's rows over many blocks of one row iteration each, the ring fetched with the cursor), and
 # gdn_replay_rows forcing blocks that straddle value heads and end in partial row iterations, the ring read after
-# the cursor. view-variant-0: the view's former layout (6 stages, 3 blocks per SM; the default is 4 and 4 at K = 128);
-# view-variant-2: 6 stages at 4 blocks per SM.
-GDN_SPLIT_TUNES = {"default": "", "rows": "gdn_replay_rows={rows},gdn_replay_prefetch=0", "view-variant-0": "gdn_view_variant=0",
-                   "view-variant-2": "gdn_view_variant=2"}
+# the cursor. view-variant-0: the view's former layout (6 stages, 3 blocks per SM; the default is 4 and 4 at K = 128).
+GDN_SPLIT_TUNES = {"default": "", "rows": "gdn_replay_rows={rows},gdn_replay_prefetch=0", "view-variant-0": "gdn_view_variant=0"}
 
 
 @pytest.mark.cuda

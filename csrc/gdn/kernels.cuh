@@ -41,8 +41,8 @@
 //                      (plain caches; a cache with a view has its own configuration, any activation dtype and K)
 //   gdn_view_variant   a cache with a bf16 view, bf16 activations, K = 128: default 4 stages, 8 lanes, 4 blocks/SM
 //                      (4% faster at batch 256 and 32, level at 128, 3% slower at 1; 12 bytes spilled outside the
-//                      row loop); 0: 6 stages, 8 lanes, 3 blocks/SM (the layout of every other view configuration);
-//                      2: 6 stages, 8 lanes, 4 blocks/SM (not yet timed)
+//                      row loop); 0: 6 stages, 8 lanes, 3 blocks/SM (the layout of every other view configuration).
+//                      (Session 12 timed 6 stages at 4 blocks/SM: 3-4% slower at batch 32, level at 128 and 256; dropped.)
 //   gdn_replay_bps     blocks per SM the row split aims at (default 12: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
 //   replay_fold_first  0 / 1: as for the Mamba-2 replay step (mamba2/kernels.cuh; common/fold_order.cuh)
@@ -1392,23 +1392,13 @@ void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream
           using view_t = __nv_bfloat16;
           // K >= 128: 16 columns per lane in six stages (gdn_replay_variant=2's layout; the same bytes in flight as
           // ReplayLanes' 32 columns in three, which spill with the view at 168 registers: ptxas -v, 150 here).
-          // (An if-else chain: with `if constexpr (...) switch {...}` followed by `if constexpr (kK >= 128) ... else`,
-          // nvcc 13.0 compiled and launched the else branch's kernels for K >= 128 views of fp32/fp16 activations
-          // (ptxas's entry list; 3 stages, 4 lanes at K = 128), whose launch failed on the H200 with "invalid device
-          // function", session 12; this form compiles the intended 6-stage kernels, as before that switch.)
-          if constexpr (kK == 128 && kAct == DType::kBFloat16) {
-            const int variant = tune_knob("gdn_view_variant");
-            // 2: 6 stages at 4 blocks per SM, 5 stages of view rows in flight per thread (20 KiB per block) instead
-            // of 3 (a non-folding launch saturates nothing at batch 256: DRAM 64%, L2 74%, SM 58%, bench/NOTES.md
-            // session 11; ~51 KB of shared memory per block). 0: the layout of the other K >= 128 views.
-            if (variant == 2) return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
-            if (variant != 0) return launch_gdn_replay_step<float, act_t, kK, 4, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
-            return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 3, view_t>(p, stream);
-          } else if constexpr (kK >= 128) {
-            return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 3, view_t>(p, stream);
-          } else {
-            return launch_gdn_replay_step<float, act_t, kK, 3, ReplayLanes<view_t, kK>::value, 3, view_t>(p, stream);
-          }
+          // (Session 12: with a `switch` as the first `if constexpr`'s statement, nvcc 13.0 compiled and launched the
+          // last line's kernels for K >= 128 views of fp32/fp16 activations (ptxas's entry list), whose launch failed
+          // on the H200 with "invalid device function". This form, 2794ff3's, compiles the intended ones.)
+          if constexpr (kK == 128 && kAct == DType::kBFloat16)
+            if (tune_knob("gdn_view_variant") != 0) return launch_gdn_replay_step<float, act_t, kK, 4, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
+          if constexpr (kK >= 128) return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 3, view_t>(p, stream);
+          else return launch_gdn_replay_step<float, act_t, kK, 3, ReplayLanes<view_t, kK>::value, 3, view_t>(p, stream);
         } else {
           throw std::invalid_argument("replayssm: on CUDA the GDN output view must be of an fp32 checkpoint");
         }
