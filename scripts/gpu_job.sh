@@ -21,7 +21,7 @@
 # the call prints their tails). The working tree is left as it was. Example (session 7):
 # VARIANTS="base p1=ring-sum-at-flush" VRUNS="base:mamba2 p1:mamba2" bash scripts/gpu_job.sh variants
 # VREUSE=1 keeps the builds a previous call left in /tmp/var (a machine still warm: a call within its idle
-# release) and builds only the missing ones.
+# release) and builds only the missing ones; those copies are of the previous call's tree and patches.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
