@@ -71,7 +71,8 @@ STEP_TUNES = ["step_unroll=1", "step_unroll=2", "step_unroll=4", "step_unroll=8"
 # 256 the default entry and identical tune entries differed by 4-11% in session 10 (bench/NOTES.md).
 REPLAY_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=1", "replay_rows=64", "replay_rows=128", "replay_rows=256", "replay_rows=512", "replay_prefetch=0", "replay_prefetch=1", "stream_lean=0"]
 VIEW_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=1", "stream_lean=0", "replay_rows=128", "replay_rows=256",
-              "replay_rows=512", "replay_rows=1024"]  # the view runs the same kernel and launcher as plain caches
+              "replay_rows=512", "replay_rows=1024", "view_fold_lean=0"]
+# (the view runs the same kernel and launcher as plain caches; view_fold_lean=0: its folds stream the view too)
 
 
 def bench_batch(batch, L, ssu, gen, tune=False) -> dict:

@@ -104,12 +104,12 @@ def measure(model: str, view: bool, batch: int, L: int) -> dict:
     return totals
 
 
-def per_launch(batch: int, L: int, out: str) -> None:
+def per_launch(batch: int, L: int, out: str, models=None, views=(False, True)) -> None:
     """Each replay launch's ncu time and DRAM bytes over one cycle with every cursor at 0: the step that folds
     apart from those that do not (the benchmark's random cursors mix them in every launch). Written to out."""
     result = {"batch": batch, "ring_len": L, "metrics": METRICS, "cursors": "all at 0", "launches": {}}
-    for model in sorted(KERNELS):
-        for view in (False, True):
+    for model in sorted(models or KERNELS):
+        for view in views:
             cmd = ["ncu", "--clock-control", "none", "--metrics", METRICS, "--csv", "--print-units", "base",
                    "-k", "regex:replay_step", sys.executable, os.path.abspath(__file__), "--child", "--model", model,
                    "--batch", str(batch), "--ring-len", str(L), "--cursor", "0", "--view" if view else "--no-standard"]
@@ -143,6 +143,7 @@ def main():
     parser.add_argument("--cursor", type=int, default=None, help="(with --child) every cursor starts here, not at random")
     parser.add_argument("--no-standard", action="store_true", help="(with --child) the replay steps only")
     parser.add_argument("--per-launch", action="store_true", help="each replay launch's time and bytes, cursors from 0")
+    parser.add_argument("--view-only", action="store_true", help="(with --per-launch) the caches with a view only")
     parser.add_argument("--out", default=DEFAULT_OUT)
     args = parser.parse_args()
     if args.child:
@@ -151,7 +152,7 @@ def main():
         return
     if args.per_launch:
         out = args.out if args.out != DEFAULT_OUT else os.path.join(os.path.dirname(DEFAULT_OUT), f"ncu_per_launch_b{args.batch}.json")
-        per_launch(args.batch, args.ring_len, out)
+        per_launch(args.batch, args.ring_len, out, args.models, (True,) if args.view_only else (False, True))
         return
     L = args.ring_len
     result = {"batch": args.batch, "ring_len": L, "metrics": METRICS, "gdn_shape": dict(zip(("HV", "H", "K", "V"), GDN_SHAPE))}

@@ -31,6 +31,8 @@ template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+// v as T holds it (rounded to nearest), back as a float.
+template <typename T> __device__ __forceinline__ float round_to(float v) { return to_float(from_float<T>(v)); }
 
 // The elements of 32-bit words of T, as floats: a bf16 pair by one integer op each (the upper half by a mask;
 // __bfloat162float of the upper element takes two, a byte permute and a shift), an fp16 pair by one conversion.

@@ -15,8 +15,15 @@
 
 namespace replayssm {
 
-// order[0, batch): the rows whose slot folds at this step (cursor == ring_len - 1) in row order, then the others
-// (pad rows and out-of-range slots among them: the replay kernel skips or rejects those). One block.
+// An entry of the order: the batch row, with kOrderFolds set when its slot folds at this step (so that a block
+// knows before it has read the cursor: the Mamba-2 view's folding blocks then stream the master, not the view).
+constexpr int kOrderFolds = int(0x80000000u);
+__device__ __forceinline__ int order_row(int entry) { return entry & ~kOrderFolds; }
+__device__ __forceinline__ bool order_folds(int entry) { return entry < 0; }
+
+// order[0, batch): the rows whose slot folds at this step (cursor == ring_len - 1) in row order, marked with
+// kOrderFolds, then the others (pad rows and out-of-range slots among them: the replay kernel skips or rejects
+// those). One block.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) fold_first_order_kernel(const void* slot_ids, bool slot_ids_int64, const int* cursor,
                                                                     int64_t num_slots, int ring_len, int batch, int* order) {
@@ -43,7 +50,7 @@ __global__ void __launch_bounds__(kThreads) fold_first_order_kernel(const void* 
       before += i < warp ? n : 0;
       chunk_folds += n;
     }
-    if (r < batch) order[f ? fold_base + before : rest_base + int(threadIdx.x) - before] = r;
+    if (r < batch) order[f ? fold_base + before : rest_base + int(threadIdx.x) - before] = f ? r | kOrderFolds : r;
     fold_base += chunk_folds;
     rest_base += min(kThreads, batch - r0) - chunk_folds;
     __syncthreads();  // (warp_folds is rewritten by the next chunk)

@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   using Layout = RowLayout<src_t, kK, kThreads, 1, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane;
   const GdnReplayCacheParams& c = p.cache;
-  const int b = p.row_order ? p.row_order[blockIdx.z] : blockIdx.z, h = blockIdx.y;  // h: the key head (b: fold-first order)
+  const int b = p.row_order ? order_row(p.row_order[blockIdx.z]) : blockIdx.z, h = blockIdx.y;  // h: the key head (b: fold-first order)
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);

@@ -22,7 +22,7 @@
 template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, bool kLean = false>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel_v10(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
-                              const bool io_vec, const bool prefetch_ring) {
+                              const bool io_vec, const bool prefetch_ring, const bool view_fold) {
   constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
   static_assert(!kView || std::is_same_v<ckpt_t, float>, "the output view is of an fp32 checkpoint");
   using Layout = RowLayout<src_t, kN, kThreads, 1, ReplayLanes<src_t, kN>::value>;
@@ -30,7 +30,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   constexpr int kVecs = Layout::kVecsPerLane;
   constexpr int kCols = Layout::kColsPerLane;
   const Mamba2ReplayCacheParams& c = p.cache;
-  const int b = p.row_order ? p.row_order[blockIdx.z] : blockIdx.z, g = blockIdx.y;  // (b: the fold-first order)
+  const int order_entry = p.row_order ? p.row_order[blockIdx.z] : int(blockIdx.z);  // (the fold-first order)
+  const int b = order_row(order_entry), g = blockIdx.y;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
@@ -79,6 +80,13 @@ __global__ void __launch_bounds__(kThreads, 3)
   float* bc = reinterpret_cast<float*>(smem_raw + off.bc);
   const int ts = off.tile_stride;
 
+  // The view's folding rows (view_fold, the default): the block streams nothing at a fold; each row's fp32 master,
+  // which the fold reads anyway, serves the output too, rounded to bf16 as the view holds it (the view is always the
+  // master rounded to nearest: folds, reset and allocation write them so), so the outputs are the view's, bit for
+  // bit, without reading the view: 1/6 fewer bytes at a fold. Known here from the fold-first order's mark, else
+  // from the cursor (the first kStages - 1 iterations' view rows are then already in flight).
+  const bool lean_fold = kView && view_fold;
+  bool stream_src = !(lean_fold && order_folds(order_entry));
   RowPos copy_pos = pos0;
   // kLean: this lane's first column in the block's first head, and 32-bit strides (src_row's values).
   const src_t* src_lane = kLean ? src_row(RowPos{0, 0, 0}) + Layout::col(lane_in_row, 0, 0) : nullptr;
@@ -87,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   // Start copying this thread's vectors of iteration `it` into staging stage `stage` (= it % kStages; an empty
   // group past the end).
   auto issue = [&](int it, int stage) {
-    if (it < n_iter && copy_pos.r < row_end)
+    if (it < n_iter && copy_pos.r < row_end && stream_src)
       copy_row_async<Layout, kThreads, kLean>(staging, stage, copy_pos, src_lane, src_head_stride, src_row_stride, lane_in_row,
                                               src_row);
     cp_async_commit();
@@ -155,6 +163,9 @@ __global__ void __launch_bounds__(kThreads, 3)
   // position at once for L <= kThreads / 8 + 1) and a thread per (head, j), each suffix sum in replay_decays'
   // order (the CPU's values) without its serial chain of exponentials: a shorter prologue at small batches.
   const bool fold = is_fold_step(w, L);
+  RSSM_DEVICE_CHECK(fold || !(lean_fold && order_folds(order_entry)), "mamba2_replay_step: the fold-first order marks row %d folding, its cursor is %d", b, w);
+  const bool from_master = lean_fold && fold;
+  if (from_master) stream_src = false;
   if constexpr (kLean) {
     constexpr int kPer = kN / 8;
     const int lane8 = lane & 7;
@@ -234,16 +245,34 @@ __global__ void __launch_bounds__(kThreads, 3)
     const bool valid = q.r < row_end;
     const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
     float s[kCols];
+    // This lane's columns of the fp32 master row (a fold of a view's row).
+    auto load_master = [&] {
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v)
-      unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
-                      *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
-    stage = stage == kStages - 1 ? 0 : stage + 1;
+      for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+        for (int e = 0; e < Layout::kVec; e += 4) {
+          const float4 m = valid ? __ldcs(reinterpret_cast<const float4*>(ckpt_row(q) + Layout::col(lane_in_row, v, e)))
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+          s[v * Layout::kVec + e] = m.x, s[v * Layout::kVec + e + 1] = m.y, s[v * Layout::kVec + e + 2] = m.z,
+                               s[v * Layout::kVec + e + 3] = m.w;
+        }
+    };
     // S_c . C_t over this lane's columns in four independent chains (one chain of kCols dependent FMAs was the
     // largest stall, waiting on the previous FMA).
     float part[4] = {0.f, 0.f, 0.f, 0.f};
+    if (from_master) {  // (kView) the view's values: the master's, rounded to bf16
+      load_master();
 #pragma unroll
-    for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(s[col], Cv[col], part[col % 4]);
+      for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(round_to<src_t>(s[col]), Cv[col], part[col % 4]);
+    } else {
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v)
+        unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
+                        *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+#pragma unroll
+      for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(s[col], Cv[col], part[col % 4]);
+    }
+    stage = stage == kStages - 1 ? 0 : stage + 1;
     const float* wdt_h = wdt + hl * L;
     const float y = group_sum<kLanes>(decay[hl] * ((part[0] + part[1]) + (part[2] + part[3])));
     const int k = it % kLanes;
@@ -268,17 +297,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
     if (fold) {
       // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
-      if constexpr (kView) {  // from this lane's columns of the fp32 master row (the view served the output)
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-          for (int e = 0; e < Layout::kVec; e += 4) {
-            const float4 m = valid ? __ldcs(reinterpret_cast<const float4*>(ckpt_row(q) + Layout::col(lane_in_row, v, e)))
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-            s[v * Layout::kVec + e] = m.x, s[v * Layout::kVec + e + 1] = m.y, s[v * Layout::kVec + e + 2] = m.z,
-                                 s[v * Layout::kVec + e + 3] = m.w;
-          }
-      }
+      if constexpr (kView)  // from the fp32 master row (the view served the output; from_master: s holds it)
+        if (!from_master) load_master();
       const float dcy = decay[hl];
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= dcy;
@@ -431,7 +451,9 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
                                  int64_t(num_sms()) * 3, view, stream);
   const dim3 grid(chunks, p.ngroups, p.batch);
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(q, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring);
+  // An output view's folding rows (the kernel, above): from the master alone (view_fold_lean=0: the view streamed too).
+  const bool view_fold = tune_knob("view_fold_lean") != 0;
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(q, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring, view_fold);
   check_cuda(cudaGetLastError(), "mamba2_replay_step kernel launch");
 }
 
