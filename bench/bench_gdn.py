@@ -43,10 +43,11 @@ def analytic_bytes(batch, L, shape, state_bytes=4, act_bytes=2) -> dict:
     ring_token = batch * (HV * V * 4 + H * K * 4 + HV * 4)  # u, k, g (fp32)
     standard = 2 * state + io
     replay = state + io + ring_token * (L - 1) / 2 + state / L + ring_token * (L - 1) / L
-    # The numerical split: every step streams the bf16 view; a fold also reads the fp32 master and writes master
-    # and view.
+    # The numerical split: the L - 1 steps that do not fold stream the bf16 view; the fold reads the fp32 master
+    # alone (the view is the master rounded: its outputs need no view read) and writes master and view. (Until
+    # session 13 the fold's view read counted too: floors 1/L of a view higher.)
     view_state = state // 2
-    view = view_state + io + ring_token * (L - 1) / 2 + (2 * state + view_state) / L + ring_token * (L - 1) / L
+    view = view_state * (L - 1) / L + io + ring_token * (L - 1) / 2 + (2 * state + view_state) / L + ring_token * (L - 1) / L
     return {"standard": standard, "replay": replay, "replay_view": view}
 
 

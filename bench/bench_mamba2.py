@@ -47,10 +47,11 @@ def analytic_bytes(batch: int, L: int, state_bytes: int = 4, act_bytes: int = 2)
     standard = 2 * state + io
     replay_read = state + io + ring_token * (L - 1) / 2  # a step at cursor w reads w ring tokens
     replay_write = state / L + ring_token * (L - 1) / L  # one fold per cycle; other steps append a token
-    # The numerical split: every step streams the bf16 view; the fold also reads the fp32 master and writes
-    # master and view.
+    # The numerical split: the L - 1 steps that do not fold stream the bf16 view; the fold reads the fp32 master
+    # alone (the view is the master rounded: its outputs need no view read) and writes master and view. (Until
+    # session 13 the fold's view read counted too: floors 1/L of a view higher.)
     view_state = batch * H * P * N * 2
-    view = view_state + io + ring_token * (L - 1) / 2 + (2 * state + view_state) / L + ring_token * (L - 1) / L
+    view = view_state * (L - 1) / L + io + ring_token * (L - 1) / 2 + (2 * state + view_state) / L + ring_token * (L - 1) / L
     return {"standard": standard, "replay": replay_read + replay_write, "replay_view": view}
 
 

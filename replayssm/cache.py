@@ -52,6 +52,10 @@ class Mamba2ReplayCache:
     arrivals: torch.Tensor
     # The numerical split (MATH.md): a bf16 view of the checkpoint that serves outputs, refreshed by each fold;
     # per-slot seeds for stochastic rounding of a narrow checkpoint at folds, and the fold counter Philox uses.
+    # Invariant: view == checkpoint.to(bfloat16) (round to nearest) at all times; allocate, reset_slots and every
+    # fold keep it. The CUDA Mamba-2 replay step relies on it: a folding row serves its output from the master it
+    # reads for the fold, rounded, instead of reading the view. Whoever writes checkpoint rows directly must write
+    # the view's too (reset_slots(cache, ids, state) does both).
     view: Optional[torch.Tensor] = None
     sr_seed: Optional[torch.Tensor] = None
     fold_count: Optional[torch.Tensor] = None
