@@ -27,6 +27,8 @@ import bench_mamba2 as bm  # noqa: E402
 import common  # noqa: E402
 
 METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum"
+# Per launch also the warp instructions and the shared-memory wavefronts (which of the two bounds a launch).
+PER_LAUNCH_METRICS = METRICS + ",smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"
 GDN_SHAPE = (32, 16, 128, 128)  # HV, H, K, V
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "ncu_bytes.json")
 KERNELS = {"mamba2": "mamba2_(step|replay_step)_kernel", "gdn": "gdn_(step|replay_step)_kernel"}
@@ -107,10 +109,10 @@ def measure(model: str, view: bool, batch: int, L: int) -> dict:
 def per_launch(batch: int, L: int, out: str, models=None, views=(False, True)) -> None:
     """Each replay launch's ncu time and DRAM bytes over one cycle with every cursor at 0: the step that folds
     apart from those that do not (the benchmark's random cursors mix them in every launch). Written to out."""
-    result = {"batch": batch, "ring_len": L, "metrics": METRICS, "cursors": "all at 0", "launches": {}}
+    result = {"batch": batch, "ring_len": L, "metrics": PER_LAUNCH_METRICS, "cursors": "all at 0", "launches": {}}
     for model in sorted(models or KERNELS):
         for view in views:
-            cmd = ["ncu", "--clock-control", "none", "--metrics", METRICS, "--csv", "--print-units", "base",
+            cmd = ["ncu", "--clock-control", "none", "--metrics", PER_LAUNCH_METRICS, "--csv", "--print-units", "base",
                    "-k", "regex:replay_step", sys.executable, os.path.abspath(__file__), "--child", "--model", model,
                    "--batch", str(batch), "--ring-len", str(L), "--cursor", "0", "--view" if view else "--no-standard"]
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -124,10 +126,14 @@ def per_launch(batch: int, L: int, out: str, models=None, views=(False, True)) -
             print(f"{model} {'view' if view else 'replay'} batch {batch}, L {L}, every cursor from 0:")
             result["launches"][f"{model}_{'view' if view else 'replay'}"] = [
                 {"us": m["gpu__time_duration.sum"] / 1e3, "read_bytes": m["dram__bytes_read.sum"],
-                 "write_bytes": m["dram__bytes_write.sum"]} for _, m in sorted(launches.items())]
+                 "write_bytes": m["dram__bytes_write.sum"], "warp_instructions": m.get("smsp__inst_executed.sum", 0.0),
+                 "shared_wavefronts": m.get("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", 0.0)}
+                for _, m in sorted(launches.items())]
             for i, (_, m) in enumerate(sorted(launches.items())):
                 print(f"  launch {i:2d}: {m['gpu__time_duration.sum'] / 1e3:8.1f} us  read {m['dram__bytes_read.sum'] / 2**20:8.1f} MiB"
-                      f"  write {m['dram__bytes_write.sum'] / 2**20:8.1f} MiB")
+                      f"  write {m['dram__bytes_write.sum'] / 2**20:8.1f} MiB"
+                      f"  instr {m.get('smsp__inst_executed.sum', 0.0) / 1e6:7.1f}M"
+                      f"  shared wavefronts {m.get('l1tex__data_pipe_lsu_wavefronts_mem_shared.sum', 0.0) / 1e6:7.1f}M")
     common.write_result(out, result)
 
 
