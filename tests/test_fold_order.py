@@ -50,6 +50,18 @@ def _gdn(num_slots, view, gen):
     return cache, step, token, "v"
 
 
+def _clone(cache):
+    return dataclasses.replace(cache, **{f.name: getattr(cache, f.name).clone() for f in dataclasses.fields(cache)
+                                         if isinstance(getattr(cache, f.name), torch.Tensor)})
+
+
+def _assert_same_cache(a, b, where):
+    """Every tensor of the two caches, bit for bit."""
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        assert (x is None and y is None) or torch.equal(x, y), (where, f.name)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("view", [False, True], ids=["plain", "view"])
@@ -64,11 +76,9 @@ def test_cuda_fold_first_order_changes_no_bit(monkeypatch, model, batch, view):
     if cache.view is not None:
         cache.view.copy_(cache.checkpoint)
     cache.cursor.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))  # staggered
-    clone = lambda c: dataclasses.replace(c, **{f.name: getattr(c, f.name).clone() for f in dataclasses.fields(c)
-                                                 if isinstance(getattr(c, f.name), torch.Tensor)})
-    twin = clone(cache)
+    twin = _clone(cache)
     # With a Mamba-2 view, a third copy streams the view at folds as well, its rows in the fold-first order.
-    streamed = clone(cache) if view and model == "mamba2" else None
+    streamed = _clone(cache) if view and model == "mamba2" else None
     ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
     ids[torch.randperm(batch, generator=gen)[:batch // 10]] = PAD_SLOT  # pad rows among the live ones
     live = ids != PAD_SLOT
@@ -85,12 +95,8 @@ def test_cuda_fold_first_order_changes_no_bit(monkeypatch, model, batch, view):
             monkeypatch.setenv("REPLAYSSM_TUNE", "replay_fold_first=1,view_fold_lean=0")
             out_streamed = step(streamed, batch, ids, tok[out_key], tok)
             assert torch.equal(out_first[live], out_streamed[live]), t
-            for f in dataclasses.fields(cache):
-                a, b = getattr(cache, f.name), getattr(streamed, f.name)
-                assert (a is None and b is None) or torch.equal(a, b), (t, f.name)
+            _assert_same_cache(cache, streamed, t)
         assert not out_first[live].isnan().any(), t
         assert torch.equal(out_first[live], out_grid[live]), t
         assert out_first[~live].isnan().all() and out_grid[~live].isnan().all(), t
-        for f in dataclasses.fields(cache):
-            a, b = getattr(cache, f.name), getattr(twin, f.name)
-            assert (a is None and b is None) or torch.equal(a, b), (t, f.name)
+        _assert_same_cache(cache, twin, t)
