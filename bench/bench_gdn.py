@@ -140,7 +140,8 @@ STEP_TUNES = ["gdn_step_threads=128", "gdn_step_hints=1", "gdn_step_rows=32", "g
               "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=8"]
 REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=0", "gdn_replay_prefetch=0",
                 "gdn_replay_prefetch=1", "gdn_replay_rows=32", "gdn_replay_rows=64", "gdn_replay_rows=128", "gdn_replay_rows=256", "gdn_replay_bps=8",
-                "gdn_replay_bps=16", "gdn_replay_bps=24"]
+                "gdn_replay_bps=16", "gdn_replay_bps=24",
+                "fold_pair=0", "fold_pair=1"]
 VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=64"]
 
 

@@ -1,10 +1,10 @@
 """The fold-first row order of the CUDA replay steps (csrc/common/fold_order.cuh) changes which block runs which
 batch row and nothing else: the same steps with the order forced on (REPLAYSSM_TUNE replay_fold_first=1) and off
 (=0) give the same bits in every output and in every tensor of the cache. A lost or doubled row in the order would
-leave an output unwritten (NaN) or append a token twice. With a Mamba-2 output view, the folding rows' outputs come
-from the master rounded to bf16 (the order marks them, so they never read the view; without the order they learn it
-from the cursor) or, with REPLAYSSM_TUNE view_fold_lean=0, from the view itself: the same bits again, since the view
-is always the master rounded to nearest."""
+leave an output unwritten (NaN) or append a token twice. With a Mamba-2 output view, the folding rows that the order
+marks serve their outputs from the master rounded to bf16, staged in a row loop of their own; without the order, or
+with REPLAYSSM_TUNE view_fold_lean=0, they read the view itself: the same bits again, since the view is always the
+master rounded to nearest."""
 import dataclasses
 
 import pytest
@@ -18,8 +18,7 @@ from helpers import Layer
 L = 4
 
 
-def _mamba2(num_slots, view, gen):
-    H, P, G, N = 4, 16, 2, 32
+def _mamba2(num_slots, view, gen, H=4, P=16, G=2, N=32):
     layer = Layer(H, P, G, N, "cuda", gen)
     cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=torch.bfloat16, device="cuda",
                                        output_view=torch.bfloat16 if view else None)
@@ -71,14 +70,36 @@ def test_cuda_fold_first_order_changes_no_bit(monkeypatch, model, batch, view):
     gen = torch.Generator()
     gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
     num_slots = batch + 5
-    cache, step, token, out_key = (_mamba2 if model == "mamba2" else _gdn)(num_slots, view, gen)
+    _check_paths(monkeypatch, gen, batch, (_mamba2 if model == "mamba2" else _gdn)(num_slots, view, gen),
+                 view and model == "mamba2")
+
+
+# The Mamba-2 view's loops at shapes where a block runs more row iterations than the staged master has stages (3:
+# they wrap), and rows of 2, 4 and 8 lanes (dstate 16, 128, 256; 64, 32 and 16 rows per iteration): blocks of
+# `rows` rows, 5 iterations each (the group's last block fewer).
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("N, rows", [(16, 320), (128, 160), (256, 80)])
+def test_cuda_view_fold_paths_change_no_bit(monkeypatch, N, rows):
+    gen = torch.Generator()
+    gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
+    batch = 70
+    made = _mamba2(batch + 5, True, gen, H=8, P=64, G=1, N=N)
+    _check_paths(monkeypatch, gen, batch, made, True, extra=f",replay_rows={rows}")
+
+
+def _check_paths(monkeypatch, gen, batch, made, lean_fold, extra=""):
+    """2L + 1 steps of a cache with staggered cursors, in the fold-first order and in the grid's order (and, with
+    lean_fold, in the order with the folding rows reading the view): the same bits in every output and cache tensor."""
+    cache, step, token, out_key = made
+    num_slots = cache.cursor.shape[0]
     cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen) * 0.1)
     if cache.view is not None:
         cache.view.copy_(cache.checkpoint)
     cache.cursor.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))  # staggered
     twin = _clone(cache)
-    # With a Mamba-2 view, a third copy streams the view at folds as well, its rows in the fold-first order.
-    streamed = _clone(cache) if view and model == "mamba2" else None
+    # A Mamba-2 view: a third copy, in the fold-first order with the folding rows reading the view.
+    others = {t: _clone(cache) for t in ("view_fold_lean=0",)} if lean_fold else {}
     ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
     ids[torch.randperm(batch, generator=gen)[:batch // 10]] = PAD_SLOT  # pad rows among the live ones
     live = ids != PAD_SLOT
@@ -87,16 +108,75 @@ def test_cuda_fold_first_order_changes_no_bit(monkeypatch, model, batch, view):
         folding = int((cache.cursor[ids[live.cuda()].long()] == L - 1).sum())
         assert 0 < folding < int(live.sum()), t  # (staggered cursors: some rows fold at every step, not all)
         tok = token(batch)
-        monkeypatch.setenv("REPLAYSSM_TUNE", "replay_fold_first=1")
+        monkeypatch.setenv("REPLAYSSM_TUNE", "replay_fold_first=1" + extra)
         out_first = step(cache, batch, ids, tok[out_key], tok)
-        monkeypatch.setenv("REPLAYSSM_TUNE", "replay_fold_first=0")
+        monkeypatch.setenv("REPLAYSSM_TUNE", "replay_fold_first=0" + extra)
         out_grid = step(twin, batch, ids, tok[out_key], tok)
-        if streamed is not None:
-            monkeypatch.setenv("REPLAYSSM_TUNE", "replay_fold_first=1,view_fold_lean=0")
-            out_streamed = step(streamed, batch, ids, tok[out_key], tok)
-            assert torch.equal(out_first[live], out_streamed[live]), t
-            _assert_same_cache(cache, streamed, t)
+        for tune, other in others.items():
+            monkeypatch.setenv("REPLAYSSM_TUNE", "replay_fold_first=1," + tune + extra)
+            out_other = step(other, batch, ids, tok[out_key], tok)
+            assert torch.equal(out_first[live], out_other[live]), (t, tune)
+            _assert_same_cache(cache, other, (t, tune))
         assert not out_first[live].isnan().any(), t
         assert torch.equal(out_first[live], out_grid[live]), t
         assert out_first[~live].isnan().all() and out_grid[~live].isnan().all(), t
+        _assert_same_cache(cache, twin, t)
+
+
+# An fp32 checkpoint's folding steps run two row iterations per trip in grids past one resident wave (REPLAYSSM_TUNE
+# fold_pair=1 forces it here, csrc/mamba2/replay_step.cuh, csrc/gdn/kernels.cuh), the same arithmetic per row in the same order as one per trip: the same
+# bits, at blocks of an odd number of row iterations (Mamba-2's fp32 rows of N = 128 are 32 per iteration: 160 rows
+# are 5; GDN's 16: 48 are 3), of an even one (192 and 96: 6; the group's last block fewer) and of one.
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("model, rows", [("mamba2", 32), ("mamba2", 160), ("mamba2", 192), ("gdn", 16), ("gdn", 48),
+                                         ("gdn", 96)])
+def test_cuda_fold_pair_changes_no_bit(monkeypatch, model, rows):
+    gen = torch.Generator()
+    gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
+    batch, num_slots = 40, 45
+    if model == "mamba2":
+        H, P, G, N = 8, 64, 2, 128
+        layer = Layer(H, P, G, N, "cuda", gen)
+        cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=torch.bfloat16, device="cuda")
+        knob = "replay_rows"
+
+        def token(batch):
+            return layer.token(batch, torch.bfloat16, gen)
+
+        def step(c, ids, tok, out):
+            replayssm.mamba2_replay_step(c, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"], slot_ids=ids,
+                                         out=out, **layer.kwargs())
+        out_key = "x"
+    else:
+        HV, H, K, V = 4, 2, 128, 128
+        A_log = (torch.rand(HV, generator=gen) * 2.7).cuda()
+        dt_bias = (torch.rand(HV, generator=gen) - 4.0).cuda()
+        cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device="cuda")
+        knob = "gdn_replay_rows"
+
+        def token(batch):
+            rnd = lambda *s: torch.randn(batch, *s, generator=gen).to("cuda", torch.bfloat16)
+            return dict(q=rnd(H, K), k=rnd(H, K), v=rnd(HV, V), a=rnd(HV), b=rnd(HV))
+
+        def step(c, ids, tok, out):
+            replayssm.gdn_replay_step(c, **tok, A_log=A_log, dt_bias=dt_bias, slot_ids=ids, out=out)
+        out_key = "v"
+    cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen) * 0.1)
+    cache.cursor.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))  # staggered
+    twin = _clone(cache)
+    ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
+    ids[torch.randperm(batch, generator=gen)[:batch // 10]] = PAD_SLOT
+    live = ids != PAD_SLOT
+    ids = ids.cuda()
+    outs = {}
+    for t in range(2 * L + 1):
+        assert int((cache.cursor[ids[live.cuda()].long()] == L - 1).sum()) > 0, t  # some rows fold at every step
+        tok = token(batch)
+        for c, pair in ((cache, 1), (twin, 0)):
+            monkeypatch.setenv("REPLAYSSM_TUNE", f"fold_pair={pair},{knob}={rows}")
+            outs[pair] = torch.full_like(tok[out_key], float("nan"))
+            step(c, ids, tok, outs[pair])
+        assert not outs[1][live].isnan().any(), t
+        assert torch.equal(outs[1][live], outs[0][live]), t
         _assert_same_cache(cache, twin, t)

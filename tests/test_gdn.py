@@ -141,6 +141,8 @@ TUNE_CONFIGS = [
     "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4",
     "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_rows=8",  # a row across the warp, 8 rows per block
     "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=20",  # rows over blocks, a partial group
+    "fold_pair=1",  # the replay step's folds two row iterations per trip (the default only past one resident wave)
+    "fold_pair=1,gdn_replay_rows=36,gdn_replay_variant=2",
 ]
 
 

@@ -139,12 +139,15 @@ def test_cuda_wide_offset_stream_matches_reference(monkeypatch, act_dtype, state
 @pytest.mark.parametrize("tune", ["replay_rows=32", "replay_rows=64,replay_prefetch=1", "replay_prefetch=1",
                                   "replay_prefetch=0", "replay_rows=96", "replay_rows=96,replay_prefetch=0",
                                   "stream_lean=0", "stream_lean=0,replay_rows=96",
-                                  "step_unroll=1", "step_unroll=2", "step_unroll=8,step_bps=2"])
+                                  "step_unroll=1", "step_unroll=2", "step_unroll=8,step_bps=2",
+                                  "replay_rows=160", "fold_pair=1", "fold_pair=1,replay_rows=160",
+                                  "fold_pair=1,stream_lean=0"])
 def test_cuda_replay_launch_configurations(monkeypatch, tune):
     """The replay kernel's launch configurations: many blocks per slot (each counting in on the arrival counter),
-    blocks that straddle heads (96 rows, P = 64), pad rows, mixed cursors and folds, with and without the ring
-    fetched before the cursor; and the standard step's (rows in flight per thread, blocks per SM), which the
-    same sequence runs."""
+    blocks that straddle heads (96 rows, P = 64), an odd number of row iterations per block (160 rows: 5; the folds
+    take two per trip with fold_pair=1), pad rows, mixed cursors and folds, with and without the ring fetched before
+    the cursor, the folds two row iterations per trip (fold_pair=1: the default only past one resident wave); and the standard step's (rows in flight per thread, blocks per
+    SM), which the same sequence runs."""
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     L = 8
     res = run_sequence("cuda", H=8, P=64, N=128, G=2, L=L, batch=6, num_slots=9, T=2 * L + 3, act_dtype=torch.bfloat16,

@@ -46,6 +46,9 @@
 //   gdn_replay_bps     blocks per SM the row split aims at (default 12: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
 //   replay_fold_first  0 / 1: as for the Mamba-2 replay step (mamba2/kernels.cuh; common/fold_order.cuh)
+//   fold_pair          an fp32 checkpoint's folding steps: 1 two row iterations per trip (each float4 of the ring-k
+//                      tile read once for both rows), 0 one; default: two when the grid is past one resident wave (as
+//                      for the Mamba-2 replay step); 16-bit activations only
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
 //   gdn_verify_rows    rows of a key head's value heads (HV/H * V) per gdn_replay_verify block (forced; any value >= 1)
 #pragma once
@@ -259,7 +262,8 @@ struct GdnReplaySmem {
 //   consumed, before the block counts in; the slot's last block to arrive increments it. The fp32 plain
 //   instantiation (src_t == ckpt_t == float) compiles none of this (ops.cpp: on CUDA a fold counter comes only
 //   with a view or a 16-bit checkpoint).
-template <typename ckpt_t, typename src_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks>
+template <typename ckpt_t, typename src_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
+          bool kFoldPair = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gdn_replay_step_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
                            const bool vec_k, const bool vec_v, const bool prefetch_ring) {
@@ -468,97 +472,172 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         }
     }
   };
-  if (kView && fold) load_master(pos0);
-  for (int it = 0; it < n_iter; ++it) {
-    issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
-    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
-    const RowPos q = pos;
-    pos.advance<Layout::kRowsPerIter>(V);
-    const bool valid = q.r < row_end;
-    const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
-    float s[kCols];
+  // A folding step of an fp32 checkpoint in a kFoldPair kernel (REPLAYSSM_TUNE fold_pair, the launcher): two row
+  // iterations per trip, so that each float4 of the ring-k tile the rank-w update reads serves two rows (4 shared
+  // wavefronts per row and entry before). ncu, H200, batch 256, every row folding (bench/NOTES.md, session 15): 351
+  // us and 62.9M shared wavefronts against 428 us and 89.6M one row per trip. k_t and q_t come from shared memory here (kv, qv are the loop below's: live across this loop as
+  // well, they would not fit). Per row the same arithmetic in the same order as the loop below: the same bits.
+  static_assert(!kFoldPair || (!kView && !kNarrow), "row pairs are an fp32 checkpoint's fold");
+  const bool pair_fold = kFoldPair && fold;
+  if (pair_fold) {
+    if constexpr (kFoldPair) {
+      for (int it = 0; it < n_iter; it += 2) {
+        issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);  // (that stage was read last trip)
+        cp_async_wait<kStages - 2>();  // this thread's vectors of iterations it and it + 1 have landed
+        const int stage_b = stage == kStages - 1 ? 0 : stage + 1;
+        float sa[kCols], sb[kCols];
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
-                      *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
-    }
-    stage = stage == kStages - 1 ? 0 : stage + 1;
-    float pk[2] = {0.f, 0.f}, pq[2] = {0.f, 0.f};  // two independent chains per product
-#pragma unroll
-    for (int col = 0; col < kCols; ++col) pk[col % 2] = fmaf(s[col], kv[col], pk[col % 2]), pq[col % 2] = fmaf(s[col], qv[col], pq[col % 2]);
-    const float dcy = decay[hl];
-    float Sk = (pk[0] + pk[1]) * dcy, Sq = (pq[0] + pq[1]) * dcy;
-    const float* wh = weight + hl * L;
-    if (!fold) {
-      Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
-      const int k = it % kLanes;
-      if (k == lane_in_row) sk_pend = Sk, sq_pend = Sq, pend = valid ? q.hl << 16 | q.i : -1;
-      if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
-        if (pend >= 0) {
-          const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * V + ip - row_begin;
-          const float* whp = weight + hp * L;
-          float sk = sk_pend, sq = sq_pend;
-#pragma unroll 4
-          for (int j = 0; j < w; ++j) {
-            const float wu = whp[j] * ru[j * ts + rp];
-            sk = fmaf(wu, kk[j], sk), sq = fmaf(wu, kq[j], sq);
-          }
-          const float alpha = al[hp];
-          const float u = bt[hp] * (to_float(vt[rp]) - alpha * sk);
-          out[hp * p.out_head_stride + ip] = from_float<act_t>(alpha * sq + u * kq_t);
-          ring_u_w[hp * c.ring_u_head_stride + ip] = u;
+        for (int v = 0; v < kVecs; ++v) {
+          unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x], *reinterpret_cast<float(*)[Layout::kVec]>(&sa[v * Layout::kVec]));
+          unpack16<src_t>(staging[(stage_b * kVecs + v) * kThreads + threadIdx.x], *reinterpret_cast<float(*)[Layout::kVec]>(&sb[v * Layout::kVec]));
         }
-        pend = -1;
-      }
-      continue;
-    }
-    for (int j = lane_in_row; j < w; j += kLanes) {
-      const float wu = wh[j] * ru[j * ts + rl];
-      Sk = fmaf(wu, kk[j], Sk), Sq = fmaf(wu, kq[j], Sq);
-    }
-    Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
-    const float alpha = al[hl];
-    const float u = bt[hl] * (to_float(vt[rl]) - alpha * Sk);
-    if (valid && lane_in_row == 0) out[q.hl * p.out_head_stride + q.i] = from_float<act_t>(alpha * Sq + u * kq_t);
-    if (fold) {  // S_t = alpha (exp(G_w) S_c + sum_j weight_j u_j k_j^T) + u_t k_t^T
-      if constexpr (kView) {  // this lane's columns of the fp32 master row (the view served S k and S q), then the next
+        const RowPos qa = pos;
+        pos.advance<Layout::kRowsPerIter>(V);
+        const RowPos qb = pos;
+        pos.advance<Layout::kRowsPerIter>(V);
+        const bool va = qa.r < row_end, vb = qb.r < row_end;  // (vb false past the last iteration)
+        const int hla = va ? qa.hl : 0, rla = va ? qa.r - row_begin : 0, hlb = vb ? qb.hl : 0, rlb = vb ? qb.r - row_begin : 0;
+        float pka[2] = {0.f, 0.f}, pqa[2] = {0.f, 0.f}, pkb[2] = {0.f, 0.f}, pqb[2] = {0.f, 0.f};
 #pragma unroll
-        for (int col = 0; col < kCols; ++col) s[col] = mnext[col];
-        if (it + 1 < n_iter) load_master(pos);
-      }
+        for (int v = 0; v < kVecs; ++v)
 #pragma unroll
-      for (int col = 0; col < kCols; ++col) s[col] *= dcy;
-#pragma unroll 1
-      for (int j = 0; j < w; ++j) Layout::axpy_tile(wh[j] * ru[j * ts + rl], rk + j * kK, lane_in_row, s);
-#pragma unroll
-      for (int col = 0; col < kCols; ++col) s[col] = alpha * s[col] + u * kv[col];
-      if (valid) {
-        if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
-          Layout::store_master_and_view(master_row(q), src_row(q), lane_in_row, s);
-        } else {
-          bool rounded = false;
-          if constexpr (kNarrow) {
-            if (c.sr_seed != nullptr) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count, the element
-              const uint64_t seed = uint64_t(c.sr_seed[slot]);
-              // Element (hv, r, n) is counter (hv V + r) K + n, as on the CPU. The row's first column of this lane is made
-              // opaque so that the compiler forms each column's counter here rather than keeping 32 of them live
-              // across the row loop (it spilled them); a vector is rounded and stored before the next one.
-              int64_t index0 = (int64_t(hv0 + q.hl) * V + q.i) * kK + Layout::col(lane_in_row, 0, 0);
-              asm volatile("" : "+l"(index0));
-              ckpt_t* row = ckpt_row(q);
-#pragma unroll
-              for (int v = 0; v < kVecs; ++v) {
-                float r[Layout::kVec];
-#pragma unroll
-                for (int e = 0; e < Layout::kVec; ++e)
-                  r[e] = stochastic_round_to(kCkptDType, s[v * Layout::kVec + e],
-                                             fold_random(seed, fold_no, uint64_t(index0 + (Layout::col(0, v, e) - Layout::col(0, 0, 0)))));
-                store16_stream(row + Layout::col(lane_in_row, v, 0), r);
-              }
-              rounded = true;
-            }
+          for (int e = 0; e < Layout::kVec; ++e) {
+            const int col = v * Layout::kVec + e, n = Layout::col(lane_in_row, v, e);
+            const float kc = kn[n], qc = qn[n];
+            pka[col % 2] = fmaf(sa[col], kc, pka[col % 2]), pqa[col % 2] = fmaf(sa[col], qc, pqa[col % 2]);
+            pkb[col % 2] = fmaf(sb[col], kc, pkb[col % 2]), pqb[col % 2] = fmaf(sb[col], qc, pqb[col % 2]);
           }
-          if (!rounded) Layout::store_row(ckpt_row(q), lane_in_row, s);
+        // Iteration it + kStages into iteration it's stage, whose vectors are in sa (the shared loads are consumed).
+        issue(it + kStages, stage);
+        stage = stage_b == kStages - 1 ? 0 : stage_b + 1;
+        const float da = decay[hla], db = decay[hlb];
+        float Ska = (pka[0] + pka[1]) * da, Sqa = (pqa[0] + pqa[1]) * da;
+        float Skb = (pkb[0] + pkb[1]) * db, Sqb = (pqb[0] + pqb[1]) * db;
+        const float* wa = weight + hla * L;
+        const float* wb = weight + hlb * L;
+        for (int j = lane_in_row; j < w; j += kLanes) {
+          const float wua = wa[j] * ru[j * ts + rla], wub = wb[j] * ru[j * ts + rlb];
+          Ska = fmaf(wua, kk[j], Ska), Sqa = fmaf(wua, kq[j], Sqa);
+          Skb = fmaf(wub, kk[j], Skb), Sqb = fmaf(wub, kq[j], Sqb);
+        }
+        Ska = group_sum<kLanes>(Ska), Sqa = group_sum<kLanes>(Sqa);
+        Skb = group_sum<kLanes>(Skb), Sqb = group_sum<kLanes>(Sqb);
+        const float alpha_a = al[hla], alpha_b = al[hlb];
+        const float ua = bt[hla] * (to_float(vt[rla]) - alpha_a * Ska), ub = bt[hlb] * (to_float(vt[rlb]) - alpha_b * Skb);
+        if (lane_in_row == 0) {
+          if (va) out[qa.hl * p.out_head_stride + qa.i] = from_float<act_t>(alpha_a * Sqa + ua * kq_t);
+          if (vb) out[qb.hl * p.out_head_stride + qb.i] = from_float<act_t>(alpha_b * Sqb + ub * kq_t);
+        }
+        // S_t = alpha (exp(G_w) S_c + sum_j weight_j u_j k_j^T) + u_t k_t^T, for both rows.
+#pragma unroll
+        for (int col = 0; col < kCols; ++col) sa[col] *= da, sb[col] *= db;
+#pragma unroll 1
+        for (int j = 0; j < w; ++j) Layout::axpy_tile2(wa[j] * ru[j * ts + rla], wb[j] * ru[j * ts + rlb], rk + j * kK, lane_in_row, sa, sb);
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+          for (int e = 0; e < Layout::kVec; ++e) {
+            const int col = v * Layout::kVec + e;
+            const float kc = kn[Layout::col(lane_in_row, v, e)];
+            sa[col] = fmaf(alpha_a, sa[col], ua * kc), sb[col] = fmaf(alpha_b, sb[col], ub * kc);
+          }
+        if (va) Layout::store_row(ckpt_row(qa), lane_in_row, sa);
+        if (vb) Layout::store_row(ckpt_row(qb), lane_in_row, sb);
+      }
+    }
+  } else {
+    if (kView && fold) load_master(pos0);
+    for (int it = 0; it < n_iter; ++it) {
+      issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
+      cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
+      const RowPos q = pos;
+      pos.advance<Layout::kRowsPerIter>(V);
+      const bool valid = q.r < row_end;
+      const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
+      float s[kCols];
+  #pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
+                        *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+      }
+      stage = stage == kStages - 1 ? 0 : stage + 1;
+      float pk[2] = {0.f, 0.f}, pq[2] = {0.f, 0.f};  // two independent chains per product
+  #pragma unroll
+      for (int col = 0; col < kCols; ++col) pk[col % 2] = fmaf(s[col], kv[col], pk[col % 2]), pq[col % 2] = fmaf(s[col], qv[col], pq[col % 2]);
+      const float dcy = decay[hl];
+      float Sk = (pk[0] + pk[1]) * dcy, Sq = (pq[0] + pq[1]) * dcy;
+      const float* wh = weight + hl * L;
+      if (!fold) {
+        Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
+        const int k = it % kLanes;
+        if (k == lane_in_row) sk_pend = Sk, sq_pend = Sq, pend = valid ? q.hl << 16 | q.i : -1;
+        if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
+          if (pend >= 0) {
+            const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * V + ip - row_begin;
+            const float* whp = weight + hp * L;
+            float sk = sk_pend, sq = sq_pend;
+  #pragma unroll 4
+            for (int j = 0; j < w; ++j) {
+              const float wu = whp[j] * ru[j * ts + rp];
+              sk = fmaf(wu, kk[j], sk), sq = fmaf(wu, kq[j], sq);
+            }
+            const float alpha = al[hp];
+            const float u = bt[hp] * (to_float(vt[rp]) - alpha * sk);
+            out[hp * p.out_head_stride + ip] = from_float<act_t>(alpha * sq + u * kq_t);
+            ring_u_w[hp * c.ring_u_head_stride + ip] = u;
+          }
+          pend = -1;
+        }
+        continue;
+      }
+      for (int j = lane_in_row; j < w; j += kLanes) {
+        const float wu = wh[j] * ru[j * ts + rl];
+        Sk = fmaf(wu, kk[j], Sk), Sq = fmaf(wu, kq[j], Sq);
+      }
+      Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
+      const float alpha = al[hl];
+      const float u = bt[hl] * (to_float(vt[rl]) - alpha * Sk);
+      if (valid && lane_in_row == 0) out[q.hl * p.out_head_stride + q.i] = from_float<act_t>(alpha * Sq + u * kq_t);
+      if (fold) {  // S_t = alpha (exp(G_w) S_c + sum_j weight_j u_j k_j^T) + u_t k_t^T
+        if constexpr (kView) {  // this lane's columns of the fp32 master row (the view served S k and S q), then the next
+  #pragma unroll
+          for (int col = 0; col < kCols; ++col) s[col] = mnext[col];
+          if (it + 1 < n_iter) load_master(pos);
+        }
+  #pragma unroll
+        for (int col = 0; col < kCols; ++col) s[col] *= dcy;
+  #pragma unroll 1
+        for (int j = 0; j < w; ++j) Layout::axpy_tile(wh[j] * ru[j * ts + rl], rk + j * kK, lane_in_row, s);
+  #pragma unroll
+        for (int col = 0; col < kCols; ++col) s[col] = fmaf(alpha, s[col], u * kv[col]);  // (the pair loop's, above, the same)
+        if (valid) {
+          if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
+            Layout::store_master_and_view(master_row(q), src_row(q), lane_in_row, s);
+          } else {
+            bool rounded = false;
+            if constexpr (kNarrow) {
+              if (c.sr_seed != nullptr) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count, the element
+                const uint64_t seed = uint64_t(c.sr_seed[slot]);
+                // Element (hv, r, n) is counter (hv V + r) K + n, as on the CPU. The row's first column of this lane is made
+                // opaque so that the compiler forms each column's counter here rather than keeping 32 of them live
+                // across the row loop (it spilled them); a vector is rounded and stored before the next one.
+                int64_t index0 = (int64_t(hv0 + q.hl) * V + q.i) * kK + Layout::col(lane_in_row, 0, 0);
+                asm volatile("" : "+l"(index0));
+                ckpt_t* row = ckpt_row(q);
+  #pragma unroll
+                for (int v = 0; v < kVecs; ++v) {
+                  float r[Layout::kVec];
+  #pragma unroll
+                  for (int e = 0; e < Layout::kVec; ++e)
+                    r[e] = stochastic_round_to(kCkptDType, s[v * Layout::kVec + e],
+                                               fold_random(seed, fold_no, uint64_t(index0 + (Layout::col(0, v, e) - Layout::col(0, 0, 0)))));
+                  store16_stream(row + Layout::col(lane_in_row, v, 0), r);
+                }
+                rounded = true;
+              }
+            }
+            if (!rounded) Layout::store_row(ckpt_row(q), lane_in_row, s);
+          }
         }
       }
     }
@@ -1370,7 +1449,16 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   const int64_t blocks = int64_t(chunks) * p.nkheads * p.batch;
   const int forced_prefetch = tune_knob("gdn_replay_prefetch");
   const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * kMinBlocks;
+  // An fp32 checkpoint's folding steps (the kernel's kFoldPair): two row iterations per trip where the grid is past
+  // one resident wave (REPLAYSSM_TUNE fold_pair=1 always, 0 never). Resident grids (batch 1) take the kernel without
+  // that loop: its fold is latency-bound there (the Mamba-2 replay step at batch 1: 7.78 us with pairs, 7.59 without).
+  // 16-bit activations only: with fp32 ones (K = 128, 3 stages, 4 lanes) the pair loop spilled 36 bytes (ptxas).
+  constexpr bool kCanPair = std::is_same_v<src_t, ckpt_t> && std::is_same_v<ckpt_t, float> && sizeof(act_t) == 2;
+  const int pair_knob = tune_knob("fold_pair");
+  const bool pair = kCanPair && (pair_knob > 0 || (pair_knob < 0 && blocks > int64_t(num_sms()) * kMinBlocks));
   auto kernel = gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
+  if constexpr (kCanPair)
+    if (pair) kernel = gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, true>;
   if (smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_step shared memory");
   GdnReplayParams q = p;

@@ -17,6 +17,9 @@
 //                    default: first with an output view when the grid is not resident at once; common/fold_order.cuh)
 //   view_fold_lean   0: a view's folding rows stream the view for their outputs too (default 1: the master alone,
 //                    rounded as the view holds it; replay_step.cuh)
+//   fold_pair        an fp32 checkpoint's folding steps: 1 two row iterations per trip (each B_j, or GDN's k_j,
+//                    read once for both rows), 0 one; default: two when the grid is past one resident wave
+//                    (replay_step.cuh, gdn/kernels.cuh)
 //   verify_rows      rows of a group per verify block (forced; verify.cuh)
 #pragma once
 
@@ -102,6 +105,20 @@ struct RowLayout {
         const float4 x = *reinterpret_cast<const float4*>(tile + ((v * kSub + e4) * kLanesPerRow + lane_in_row) * 4);
         float* d = &s[v * kVec + e4 * 4];
         d[0] = fmaf(a, x.x, d[0]), d[1] = fmaf(a, x.y, d[1]), d[2] = fmaf(a, x.z, d[2]), d[3] = fmaf(a, x.w, d[3]);
+      }
+  }
+  // axpy_tile for two rows (s += a x, t += b x), each float4 of the tile read once for both.
+  __device__ static void axpy_tile2(float a, float b, const float* tile, int lane_in_row, float (&s)[kColsPerLane],
+                                    float (&t)[kColsPerLane]) {
+#pragma unroll
+    for (int v = 0; v < kVecsPerLane; ++v)
+#pragma unroll
+      for (int e4 = 0; e4 < kSub; ++e4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + ((v * kSub + e4) * kLanesPerRow + lane_in_row) * 4);
+        float* d = &s[v * kVec + e4 * 4];
+        float* f = &t[v * kVec + e4 * 4];
+        d[0] = fmaf(a, x.x, d[0]), d[1] = fmaf(a, x.y, d[1]), d[2] = fmaf(a, x.z, d[2]), d[3] = fmaf(a, x.w, d[3]);
+        f[0] = fmaf(b, x.x, f[0]), f[1] = fmaf(b, x.y, f[1]), f[2] = fmaf(b, x.z, f[2]), f[3] = fmaf(b, x.w, f[3]);
       }
   }
 };

@@ -19,10 +19,11 @@
 // likewise, reads B_j at folds in 8/16-byte vectors, and forms the block scalars in parallel (below). Measured on
 // the H200 at 3114e59 (bench/results/mamba2_decode_tune_3114e59.json), batch 256: 325.6 us against 329.3 on an fp32
 // checkpoint, 279.7 against 296.8 on the view.
-template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, bool kLean = false>
+template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, bool kLean = false,
+          bool kWide = false>
 __global__ void __launch_bounds__(kThreads, 3)
     mamba2_replay_step_kernel_v10(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
-                              const bool io_vec, const bool prefetch_ring, const bool view_fold) {
+                              const bool io_vec, const bool prefetch_ring) {
   constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
   static_assert(!kView || std::is_same_v<ckpt_t, float>, "the output view is of an fp32 checkpoint");
   using Layout = RowLayout<src_t, kN, kThreads, 1, ReplayLanes<src_t, kN>::value>;
@@ -80,13 +81,21 @@ __global__ void __launch_bounds__(kThreads, 3)
   float* bc = reinterpret_cast<float*>(smem_raw + off.bc);
   const int ts = off.tile_stride;
 
-  // The view's folding rows (view_fold, the default): the block streams nothing at a fold; each row's fp32 master,
-  // which the fold reads anyway, serves the output too, rounded to bf16 as the view holds it (the view is always the
-  // master rounded to nearest: folds, reset and allocation write them so), so the outputs are the view's, bit for
-  // bit, without reading the view: 1/6 fewer bytes at a fold. Known here from the fold-first order's mark, else
-  // from the cursor (the first kStages - 1 iterations' view rows are then already in flight).
-  const bool lean_fold = kView && view_fold;
-  bool stream_src = !(lean_fold && order_folds(order_entry));
+  // kWide: the launch's folding rows take the throughput loops (the launcher, below: grids past one resident wave).
+  // A view's kernel (launched with the fold-first order): a folding row that the order marks reads no
+  // view. The view is always the master rounded to nearest (allocation, reset_slots and every fold write them so),
+  // so the fp32 master that the fold reads serves the output too, rounded to bf16: the view's values bit for bit, 1/6
+  // fewer bytes at a fold. The marked blocks stream the master rows through the staging buffer, kStages / 2
+  // iterations ahead, in a row loop of their own (row_loop<true>, below). Unmarked folding rows (no order: grids
+  // resident at once, which take the kernel without kWide and its code) stream the view and load the master
+  // where used. H200, batch 256, every row folding (ncu, bench/NOTES.md, session 14): 789 us, against 866 with the
+  // choice made inside the one row loop and the master loaded where used (bae7856: nothing in flight while the rank-w
+  // update ran), and 932-950 with each lane staging its own columns (half-sector copies, 38% excess wavefronts).
+  constexpr int kMasterStages = kStages / 2, kMasterVecs = 2 * kVecs;  // (the staging buffer, in fp32 vectors)
+  constexpr bool kCanStage = kWide && kView && kStages >= 4 && kStages % 2 == 0;
+  static_assert(!kCanStage || sizeof(src_t) == 2, "a lane's fp32 master columns are 2 kVecs 16-byte vectors of a 16-bit view's");
+  static_assert(!kCanStage || Layout::kRowsPerIter * (kN / 4) == kMasterVecs * kThreads, "a master stage holds an iteration's rows");
+  const bool marked = kCanStage && order_folds(order_entry);
   RowPos copy_pos = pos0;
   // kLean: this lane's first column in the block's first head, and 32-bit strides (src_row's values).
   const src_t* src_lane = kLean ? src_row(RowPos{0, 0, 0}) + Layout::col(lane_in_row, 0, 0) : nullptr;
@@ -95,14 +104,44 @@ __global__ void __launch_bounds__(kThreads, 3)
   // Start copying this thread's vectors of iteration `it` into staging stage `stage` (= it % kStages; an empty
   // group past the end).
   auto issue = [&](int it, int stage) {
-    if (it < n_iter && copy_pos.r < row_end && stream_src)
+    if (it < n_iter && copy_pos.r < row_end)
       copy_row_async<Layout, kThreads, kLean>(staging, stage, copy_pos, src_lane, src_head_stride, src_row_stride, lane_in_row,
                                               src_row);
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(p.headdim);
   };
+  // A marked row's master vectors of iteration `it` into master stage `stage` (an empty group past the end). A stage
+  // holds the iteration's rows whole, [row of the iteration][16-byte chunk], and a row's lanes copy consecutive
+  // chunks (whole 32-byte sectors per instruction): copying each lane's own columns (32-byte strides, half a sector
+  // per access) cost 38% excess shared wavefronts (ncu, session 14). Odd rows of a warp store chunk k at k ^ 5, so
+  // that neither the copies (a quarter-warp: two rows' 4 consecutive chunks) nor the reads (two rows' chunks 2l + h)
+  // meet in a bank. The row's lanes read each other's copies: __syncwarp around the stage (row_loop<true>).
+  constexpr int kChunks = kN / 4;  // 16-byte fp32 chunks per master row
+  // (chunk k ^ mask: the mask only touches k's low 3 bits, so k ^ mask = (k & ~7) + ((k & 7) ^ mask).)
+  const int chunk_mask = (kLanes == 4 && kChunks >= 8 && (row_in_warp & 1)) ? 5 : 0;
+  const int master_row_s = (warp * Layout::kRowsPerWarp + row_in_warp) * kChunks;  // (+ stage * kMasterVecs * kThreads)
+  auto master_chunk = [&](int k) { return master_row_s + (k & ~7) + ((k & 7) ^ chunk_mask); };
+  auto issue_master = [&](int it, int stage) {
+    if constexpr (kCanStage) {
+      if (it < n_iter && copy_pos.r < row_end) {
+        const ckpt_t* row = ckpt_row(copy_pos);
 #pragma unroll
-  for (int it = 0; it < kStages - 1; ++it) issue(it, it);
+        for (int vv = 0; vv < kMasterVecs; ++vv) {
+          const int k = vv * kLanes + lane_in_row;
+          cp_async16(&staging[stage * kMasterVecs * kThreads + master_chunk(k)], row + 4 * k);
+        }
+      }
+    }
+    cp_async_commit();
+    copy_pos.advance<Layout::kRowsPerIter>(p.headdim);
+  };
+  if (marked) {
+#pragma unroll
+    for (int it = 0; it < kMasterStages - 1; ++it) issue_master(it, it);
+  } else {
+#pragma unroll
+    for (int it = 0; it < kStages - 1; ++it) issue(it, it);
+  }
 
   // ---- Prologue: this token's inputs and the ring into shared memory (one cp.async group).
   const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + int64_t(g) * heads_per_group * p.x_head_stride;
@@ -163,9 +202,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   // position at once for L <= kThreads / 8 + 1) and a thread per (head, j), each suffix sum in replay_decays'
   // order (the CPU's values) without its serial chain of exponentials: a shorter prologue at small batches.
   const bool fold = is_fold_step(w, L);
-  RSSM_DEVICE_CHECK(fold || !(lean_fold && order_folds(order_entry)), "mamba2_replay_step: the fold-first order marks row %d folding, its cursor is %d", b, w);
-  const bool from_master = lean_fold && fold;
-  if (from_master) stream_src = false;
+  RSSM_DEVICE_CHECK(fold || !marked, "mamba2_replay_step: the fold-first order marks row %d folding, its cursor is %d", b, w);
   if constexpr (kLean) {
     constexpr int kPer = kN / 8;
     const int lane8 = lane & 7;
@@ -228,128 +265,267 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // ---- Stream the block's rows.
   act_t* const out_block = static_cast<act_t*>(p.out) + b * p.out_batch_stride + int64_t(h0) * p.out_head_stride;  // (kLean)
-  RowPos pos = pos0;
-  // The output epilogue (this token's x, D, the gate, the store) of kLanes consecutive iterations runs at once,
-  // a row per lane: lane k of a row's lanes keeps the sum of the iteration it with it % kLanes == k (y_pend, its
-  // row in pend), so every lane works where one in kLanes did (ncu, batch 256, view: ~60 of ~230 warp instructions per iteration were the
-  // epilogue). Measured with the other row-loop cuts of adf5103: view 241.6 against 256.3 us at batch 256.
-  // Pending: (head within the block) << 16 | p, or -1 for none (two registers, not five: the view's kernel spilled).
-  float y_pend = 0.f;
-  int pend = -1;
-  int stage = 0;  // it % kStages
-  for (int it = 0; it < n_iter; ++it) {
-    issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
-    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
-    const RowPos q = pos;
-    pos.advance<Layout::kRowsPerIter>(p.headdim);
-    const bool valid = q.r < row_end;
-    const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
-    float s[kCols];
-    // This lane's columns of the fp32 master row (a fold of a view's row).
-    auto load_master = [&] {
+  // The row loop; kMaster: a marked folding row's (every row folds; the master staged, no view read).
+  auto row_loop = [&](auto master_tag) {
+    constexpr bool kMaster = decltype(master_tag)::value;
+    RowPos pos = pos0;
+    // The output epilogue (this token's x, D, the gate, the store) of kLanes consecutive iterations runs at once,
+    // a row per lane: lane k of a row's lanes keeps the sum of the iteration it with it % kLanes == k (y_pend, its
+    // row in pend), so every lane works where one in kLanes did (ncu, batch 256, view: ~60 of ~230 warp instructions per iteration were the
+    // epilogue). Measured with the other row-loop cuts of adf5103: view 241.6 against 256.3 us at batch 256.
+    // Pending: (head within the block) << 16 | p, or -1 for none (two registers, not five: the view's kernel spilled).
+    float y_pend = 0.f;
+    int pend = -1;
+    int stage = 0;  // it % kStages
+    for (int it = 0; it < n_iter; ++it) {
+      if constexpr (kMaster) {
+        __syncwarp();  // the row's lanes have read the stage that this issue refills
+        issue_master(it + kMasterStages - 1, stage == 0 ? kMasterStages - 1 : stage - 1);
+        cp_async_wait<kMasterStages - 1>();
+        __syncwarp();  // and its lanes' copies of iteration `it` have landed
+      } else {
+        issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
+        cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
+      }
+      const RowPos q = pos;
+      pos.advance<Layout::kRowsPerIter>(p.headdim);
+      const bool valid = q.r < row_end;
+      const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
+      float s[kCols];
+      // S_c . C_t over this lane's columns in four independent chains (one chain of kCols dependent FMAs was the
+      // largest stall, waiting on the previous FMA).
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+      if constexpr (kMaster) {  // the master row; the view's values are its bf16 rounding
 #pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-        for (int e = 0; e < Layout::kVec; e += 4) {
-          const float4 m = valid ? __ldcs(reinterpret_cast<const float4*>(ckpt_row(q) + Layout::col(lane_in_row, v, e)))
-                                 : make_float4(0.f, 0.f, 0.f, 0.f);
-          s[v * Layout::kVec + e] = m.x, s[v * Layout::kVec + e + 1] = m.y, s[v * Layout::kVec + e + 2] = m.z,
-                               s[v * Layout::kVec + e + 3] = m.w;
+        for (int vv = 0; vv < kMasterVecs; ++vv) {  // this lane's columns col(lane_in_row, vv / 2, 4 (vv % 2))
+          const int k = Layout::col(lane_in_row, vv / 2, (vv % 2) * 4) / 4;
+          const uint4 m = staging[stage * kMasterVecs * kThreads + master_chunk(k)];
+          float* sv = &s[(vv / 2) * Layout::kVec + (vv % 2) * 4];
+          sv[0] = __uint_as_float(m.x), sv[1] = __uint_as_float(m.y), sv[2] = __uint_as_float(m.z), sv[3] = __uint_as_float(m.w);
         }
-    };
-    // S_c . C_t over this lane's columns in four independent chains (one chain of kCols dependent FMAs was the
-    // largest stall, waiting on the previous FMA).
-    float part[4] = {0.f, 0.f, 0.f, 0.f};
-    if (from_master) {  // (kView) the view's values: the master's, rounded to bf16
-      load_master();
+        stage = stage == kMasterStages - 1 ? 0 : stage + 1;
 #pragma unroll
-      for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(round_to<src_t>(s[col]), Cv[col], part[col % 4]);
-    } else {
+        for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(round_to<src_t>(s[col]), Cv[col], part[col % 4]);
+      } else {
 #pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-        unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
-                        *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+        for (int v = 0; v < kVecs; ++v)
+          unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
+                          *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+        stage = stage == kStages - 1 ? 0 : stage + 1;
 #pragma unroll
-      for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(s[col], Cv[col], part[col % 4]);
-    }
-    stage = stage == kStages - 1 ? 0 : stage + 1;
-    const float* wdt_h = wdt + hl * L;
-    const float y = group_sum<kLanes>(decay[hl] * ((part[0] + part[1]) + (part[2] + part[3])));
-    const int k = it % kLanes;
-    if (k == lane_in_row) y_pend = y, pend = valid ? q.hl << 16 | q.i : -1;
-    if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
-      if (pend >= 0) {
-        const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * p.headdim + ip - row_begin;
-        // The ring's part of the output, sum_{j<w} exp(c_t - c_j) dt_j (B_j . C_t) x_j[p], by the row's epilogue
-        // lane alone: no loop in every iteration with a stride of kLanes (~35 of ~200 warp instructions).
-        const float* wdt_p = wdt + hp * L;
-        float yo = y_pend;
+        for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(s[col], Cv[col], part[col % 4]);
+      }
+      const float* wdt_h = wdt + hl * L;
+      const float y = group_sum<kLanes>(decay[hl] * ((part[0] + part[1]) + (part[2] + part[3])));
+      const int k = it % kLanes;
+      if (k == lane_in_row) y_pend = y, pend = valid ? q.hl << 16 | q.i : -1;
+      if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
+        if (pend >= 0) {
+          const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * p.headdim + ip - row_begin;
+          // The ring's part of the output, sum_{j<w} exp(c_t - c_j) dt_j (B_j . C_t) x_j[p], by the row's epilogue
+          // lane alone: no loop in every iteration with a stride of kLanes (~35 of ~200 warp instructions).
+          const float* wdt_p = wdt + hp * L;
+          float yo = y_pend;
 #pragma unroll 4
-        for (int j = 0; j < w; ++j) yo = fmaf(wdt_p[j] * bc[j], to_float(xs[j * ts + rp]), yo);
-        yo = fmaf(wdt_p[w] * bc[w] + Ds[hp], to_float(xt_s[rp]), yo);
-        if (p.z) yo *= silu(to_float(zs[rp]));
-        if constexpr (kLean)
-          out_block[hp * int(p.out_head_stride) + ip] = from_float<act_t>(yo);
-        else
-          static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hp) * p.out_head_stride + ip] = from_float<act_t>(yo);
-      }
-      pend = -1;
-    }
-    if (fold) {
-      // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
-      if constexpr (kView)  // from the fp32 master row (the view served the output; from_master: s holds it)
-        if (!from_master) load_master();
-      const float dcy = decay[hl];
-#pragma unroll
-      for (int col = 0; col < kCols; ++col) s[col] *= dcy;
-      for (int j = 0; j < w; ++j) {
-        const float coef = wdt_h[j] * to_float(xs[j * ts + rl]);
-        const act_t* Bj = Bring + j * kN;
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-          if constexpr (kLean) {
-            float bv[Layout::kVec];
-            load_shared_vec<act_t, Layout::kVec>(Bj + Layout::col(lane_in_row, v, 0), bv);
-#pragma unroll
-            for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = fmaf(coef, bv[e], s[v * Layout::kVec + e]);
-          } else {
-#pragma unroll
-            for (int e = 0; e < Layout::kVec; ++e)
-              s[v * Layout::kVec + e] = fmaf(coef, to_float(Bj[Layout::col(lane_in_row, v, e)]), s[v * Layout::kVec + e]);
-          }
+          for (int j = 0; j < w; ++j) yo = fmaf(wdt_p[j] * bc[j], to_float(xs[j * ts + rp]), yo);
+          yo = fmaf(wdt_p[w] * bc[w] + Ds[hp], to_float(xt_s[rp]), yo);
+          if (p.z) yo *= silu(to_float(zs[rp]));
+          if constexpr (kLean)
+            out_block[hp * int(p.out_head_stride) + ip] = from_float<act_t>(yo);
+          else
+            static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hp) * p.out_head_stride + ip] = from_float<act_t>(yo);
         }
+        pend = -1;
       }
-      const float coef = wdt_h[w] * to_float(xt_s[rl]);
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-        for (int e = 0; e < Layout::kVec; ++e)
-          s[v * Layout::kVec + e] = fmaf(coef, Bt_s[Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
-      if (valid) {
-        ckpt_t* row = const_cast<ckpt_t*>(ckpt_row(q));
-        if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
-          Layout::store_master_and_view(row, const_cast<src_t*>(src_row(q)), lane_in_row, s);
-        } else {
-          if constexpr (!std::is_same_v<ckpt_t, float>) {
-            if (c.sr_seed != nullptr) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count, the element
-              const uint64_t seed = uint64_t(c.sr_seed[slot]);
-              const int64_t row_index = (int64_t(h0 + hl) * p.headdim + q.i) * kN;
-#pragma unroll
-              for (int v = 0; v < kVecs; ++v)
-#pragma unroll
-                for (int e = 0; e < Layout::kVec; ++e) {
-                  const int col = Layout::col(lane_in_row, v, e);
-                  s[v * Layout::kVec + e] = stochastic_round_to(c.ckpt_dtype, s[v * Layout::kVec + e],
-                                                                fold_random(seed, fold_no, uint64_t(row_index + col)));
-                }
-            }
-          }
+      if (kMaster || fold) {
+        // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
+        if constexpr (kView && !kMaster) {  // from this lane's columns of the fp32 master row (the view served the output)
 #pragma unroll
           for (int v = 0; v < kVecs; ++v)
-            store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+#pragma unroll
+            for (int e = 0; e < Layout::kVec; e += 4) {
+              const float4 m = valid ? __ldcs(reinterpret_cast<const float4*>(ckpt_row(q) + Layout::col(lane_in_row, v, e)))
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+              s[v * Layout::kVec + e] = m.x, s[v * Layout::kVec + e + 1] = m.y, s[v * Layout::kVec + e + 2] = m.z,
+                                   s[v * Layout::kVec + e + 3] = m.w;
+            }
+        }
+        const float dcy = decay[hl];
+#pragma unroll
+        for (int col = 0; col < kCols; ++col) s[col] *= dcy;
+        for (int j = 0; j < w; ++j) {
+          const float coef = wdt_h[j] * to_float(xs[j * ts + rl]);
+          const act_t* Bj = Bring + j * kN;
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v) {
+            if constexpr (kLean) {
+              float bv[Layout::kVec];
+              load_shared_vec<act_t, Layout::kVec>(Bj + Layout::col(lane_in_row, v, 0), bv);
+#pragma unroll
+              for (int e = 0; e < Layout::kVec; ++e) s[v * Layout::kVec + e] = fmaf(coef, bv[e], s[v * Layout::kVec + e]);
+            } else {
+#pragma unroll
+              for (int e = 0; e < Layout::kVec; ++e)
+                s[v * Layout::kVec + e] = fmaf(coef, to_float(Bj[Layout::col(lane_in_row, v, e)]), s[v * Layout::kVec + e]);
+            }
+          }
+        }
+        const float coef = wdt_h[w] * to_float(xt_s[rl]);
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+          for (int e = 0; e < Layout::kVec; ++e)
+            s[v * Layout::kVec + e] = fmaf(coef, Bt_s[Layout::col(lane_in_row, v, e)], s[v * Layout::kVec + e]);
+        if (valid) {
+          ckpt_t* row = const_cast<ckpt_t*>(ckpt_row(q));
+          if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
+            Layout::store_master_and_view(row, const_cast<src_t*>(src_row(q)), lane_in_row, s);
+          } else {
+            if constexpr (!std::is_same_v<ckpt_t, float>) {
+              if (c.sr_seed != nullptr) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count, the element
+                const uint64_t seed = uint64_t(c.sr_seed[slot]);
+                const int64_t row_index = (int64_t(h0 + hl) * p.headdim + q.i) * kN;
+#pragma unroll
+                for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+                  for (int e = 0; e < Layout::kVec; ++e) {
+                    const int col = Layout::col(lane_in_row, v, e);
+                    s[v * Layout::kVec + e] = stochastic_round_to(c.ckpt_dtype, s[v * Layout::kVec + e],
+                                                                  fold_random(seed, fold_no, uint64_t(row_index + col)));
+                  }
+              }
+            }
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v)
+              store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+          }
         }
       }
     }
+  };
+  // A folding step of an fp32 checkpoint in a kWide kernel (REPLAYSSM_TUNE fold_pair, the launcher): two
+  // row iterations per trip, so that each B_j vector the rank-w update reads from shared memory, and converts, serves
+  // two rows. ncu, H200, batch 256, every row folding (bench/NOTES.md, session 15): 640 us and 368M warp
+  // instructions against 677 us and 462M one row per trip (the other launches: 274-296 us at 3.9-4.0 TB/s).
+  // Per row the same arithmetic in the same order as row_loop's: the same bits.
+  constexpr bool kFoldPair = kWide && !kView && sizeof(ckpt_t) == 4;
+  static_assert(!kFoldPair || Layout::kVec == 4, "an fp32 row's 16-byte vectors");
+  auto fold_pair_loop = [&] {
+    if constexpr (kFoldPair) {  // (compiled for fp32 checkpoints only)
+      RowPos pos = pos0;
+      float y_pend = 0.f;
+      int pend = -1;
+      int stage = 0;  // it % kStages
+      // The output epilogue of iteration it (row_loop's, one iteration at a time).
+      auto record = [&](int it, float y, const RowPos& q, bool valid) {
+        const int k = it % kLanes;
+        if (k == lane_in_row) y_pend = y, pend = valid ? q.hl << 16 | q.i : -1;
+        if (k == kLanes - 1 || it == n_iter - 1) {
+          if (pend >= 0) {
+            const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * p.headdim + ip - row_begin;
+            const float* wdt_p = wdt + hp * L;
+            float yo = y_pend;
+#pragma unroll 4
+            for (int j = 0; j < w; ++j) yo = fmaf(wdt_p[j] * bc[j], to_float(xs[j * ts + rp]), yo);
+            yo = fmaf(wdt_p[w] * bc[w] + Ds[hp], to_float(xt_s[rp]), yo);
+            if (p.z) yo *= silu(to_float(zs[rp]));
+            if constexpr (kLean)
+              out_block[hp * int(p.out_head_stride) + ip] = from_float<act_t>(yo);
+            else
+              static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hp) * p.out_head_stride + ip] = from_float<act_t>(yo);
+          }
+          pend = -1;
+        }
+      };
+      for (int it = 0; it < n_iter; it += 2) {
+        issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);  // (that stage was read last trip)
+        cp_async_wait<kStages - 2>();  // this thread's vectors of iterations it and it + 1 have landed
+        const int stage_b = stage == kStages - 1 ? 0 : stage + 1;
+        float sa[kCols], sb[kCols];
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x], *reinterpret_cast<float(*)[Layout::kVec]>(&sa[v * Layout::kVec]));
+          unpack16<src_t>(staging[(stage_b * kVecs + v) * kThreads + threadIdx.x], *reinterpret_cast<float(*)[Layout::kVec]>(&sb[v * Layout::kVec]));
+        }
+        const RowPos qa = pos;
+        pos.advance<Layout::kRowsPerIter>(p.headdim);
+        const RowPos qb = pos;
+        pos.advance<Layout::kRowsPerIter>(p.headdim);
+        const bool va = qa.r < row_end, vb = qb.r < row_end;  // (vb false past the last iteration)
+        const int hla = va ? qa.hl : 0, rla = va ? qa.r - row_begin : 0, hlb = vb ? qb.hl : 0, rlb = vb ? qb.r - row_begin : 0;
+        // C_t from shared memory here (Cv is the loop below's: kept live across this loop as well, it spilled).
+        float pa[4] = {0.f, 0.f, 0.f, 0.f}, pb[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          const float4 c4 = *reinterpret_cast<const float4*>(C_s + Layout::col(lane_in_row, v, 0));
+          const float cv[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+          for (int e = 0; e < Layout::kVec; ++e) {
+            const int col = v * Layout::kVec + e;
+            pa[col % 4] = fmaf(sa[col], cv[e], pa[col % 4]), pb[col % 4] = fmaf(sb[col], cv[e], pb[col % 4]);
+          }
+        }
+        // Iteration it + kStages into iteration it's stage, whose vectors are in sa (the shared loads are consumed).
+        issue(it + kStages, stage);
+        stage = stage_b == kStages - 1 ? 0 : stage_b + 1;
+        const float da = decay[hla], db = decay[hlb];
+        record(it, group_sum<kLanes>(da * ((pa[0] + pa[1]) + (pa[2] + pa[3]))), qa, va);
+        const float yb = group_sum<kLanes>(db * ((pb[0] + pb[1]) + (pb[2] + pb[3])));
+        if (it + 1 < n_iter) record(it + 1, yb, qb, vb);
+        // New checkpoint rows: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
+#pragma unroll
+        for (int col = 0; col < kCols; ++col) sa[col] *= da, sb[col] *= db;
+        const float* wa = wdt + hla * L;
+        const float* wb = wdt + hlb * L;
+#pragma unroll 1
+        for (int j = 0; j < w; ++j) {
+          const float ca = wa[j] * to_float(xs[j * ts + rla]), cb = wb[j] * to_float(xs[j * ts + rlb]);
+          const act_t* Bj = Bring + j * kN;
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v) {
+            float bv[Layout::kVec];
+            if constexpr (kLean) {
+              load_shared_vec<act_t, Layout::kVec>(Bj + Layout::col(lane_in_row, v, 0), bv);
+            } else {
+#pragma unroll
+              for (int e = 0; e < Layout::kVec; ++e) bv[e] = to_float(Bj[Layout::col(lane_in_row, v, e)]);
+            }
+#pragma unroll
+            for (int e = 0; e < Layout::kVec; ++e) {
+              sa[v * Layout::kVec + e] = fmaf(ca, bv[e], sa[v * Layout::kVec + e]);
+              sb[v * Layout::kVec + e] = fmaf(cb, bv[e], sb[v * Layout::kVec + e]);
+            }
+          }
+        }
+        const float cta = wa[w] * to_float(xt_s[rla]), ctb = wb[w] * to_float(xt_s[rlb]);
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+          for (int e = 0; e < Layout::kVec; ++e) {
+            const float bt = Bt_s[Layout::col(lane_in_row, v, e)];
+            sa[v * Layout::kVec + e] = fmaf(cta, bt, sa[v * Layout::kVec + e]);
+            sb[v * Layout::kVec + e] = fmaf(ctb, bt, sb[v * Layout::kVec + e]);
+          }
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          if (va) store16_stream(const_cast<ckpt_t*>(ckpt_row(qa)) + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&sa[v * Layout::kVec]));
+          if (vb) store16_stream(const_cast<ckpt_t*>(ckpt_row(qb)) + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[Layout::kVec]>(&sb[v * Layout::kVec]));
+        }
+      }
+    }
+  };
+  if constexpr (kCanStage) {
+    if (marked)
+      row_loop(std::true_type{});
+    else
+      row_loop(std::false_type{});
+  } else if constexpr (kFoldPair) {
+    if (fold)
+      fold_pair_loop();
+    else
+      row_loop(std::false_type{});
+  } else {
+    row_loop(std::false_type{});
   }
   cp_async_wait<0>();
 
@@ -441,19 +617,29 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
   const bool offsets_fit = int64_t(p.nheads / p.ngroups) * head_stride + int64_t(p.headdim) * row_stride < (int64_t(1) << 31) &&
                            int64_t(p.nheads) * p.out_head_stride < (int64_t(1) << 31);
-  auto kernel = tune_knob("stream_lean") != 0 && offsets_fit
-                    ? mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true>
-                    : mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, false>;
-  if (smem_bytes > 48 * 1024)
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
-               "mamba2_replay_step shared memory");
   Mamba2ReplayStepParams q = p;
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
                                  int64_t(num_sms()) * 3, view, stream);
+  // kWide (the kernel, above): a view's folding rows marked by the order read the master alone, staged
+  // (REPLAYSSM_TUNE view_fold_lean=0: the view streamed too); an fp32 checkpoint's folding steps run two row
+  // iterations per trip (fold_pair: unset, grids past one resident wave; 1 always; 0 never). Batch 1 (one wave)
+  // measured 7.78 us with pairs against 7.59 without (H200, session 15): a resident grid's fold is latency-bound,
+  // and the pair's longer trips only lengthen it. Other launches take the kernel without those loops.
+  const bool lean = tune_knob("stream_lean") != 0 && offsets_fit;
+  const int pair_knob = tune_knob("fold_pair");
+  const bool wide = view ? q.row_order != nullptr && tune_knob("view_fold_lean") != 0
+                         : sizeof(ckpt_t) == 4 && (pair_knob > 0 || (pair_knob < 0 && blocks > int64_t(num_sms()) * 3));
+  auto kernel = lean ? mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true>
+                     : mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, false>;
+  if constexpr (std::is_same_v<ckpt_t, float>)  // (a 16-bit checkpoint's kernel has no such loop)
+    if (wide)
+      kernel = lean ? mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true, true>
+                    : mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, false, true>;
+  if (smem_bytes > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
+               "mamba2_replay_step shared memory");
   const dim3 grid(chunks, p.ngroups, p.batch);
-  // An output view's folding rows (the kernel, above): from the master alone (view_fold_lean=0: the view streamed too).
-  const bool view_fold = tune_knob("view_fold_lean") != 0;
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(q, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring, view_fold);
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(q, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring);
   check_cuda(cudaGetLastError(), "mamba2_replay_step kernel launch");
 }
 
