@@ -124,39 +124,52 @@ def _check_paths(monkeypatch, gen, batch, made, lean_fold, extra=""):
 
 
 # An fp32 checkpoint's folding steps run two row iterations per trip in grids past one resident wave (REPLAYSSM_TUNE
-# fold_pair=1 forces it here, csrc/mamba2/replay_step.cuh, csrc/gdn/kernels.cuh), the same arithmetic per row in the same order as one per trip: the same
-# bits, at blocks of an odd number of row iterations (Mamba-2's fp32 rows of N = 128 are 32 per iteration: 160 rows
-# are 5; GDN's 16: 48 are 3), of an even one (192 and 96: 6; the group's last block fewer) and of one.
+# fold_pair=1 forces it here; csrc/mamba2/replay_step.cuh, csrc/gdn/kernels.cuh), the same arithmetic per row in the
+# same order as one per trip: the same bits. Blocks of an odd number of row iterations (Mamba-2's fp32 rows of N =
+# 128 are 32 per iteration: 160 rows are 5; GDN's 16: 48 are 3), of an even one (192 and 96: 6; the group's last
+# block fewer) and of one; every Mamba-2 row layout (N = 16 .. 256) and activation dtype; GDN's default kernel (K =
+# 128, bf16), its generic 3-stage one (fp16 activations, K = 64, variant 0) and variant 1. (GDN pairs only with
+# 16-bit activations: with fp32 ones the launcher takes the kernel without them.)
+_PAIR_CASES = [("mamba2", 32, 128, torch.bfloat16, ""), ("mamba2", 160, 128, torch.bfloat16, ""),
+               ("mamba2", 192, 128, torch.bfloat16, ""), ("mamba2", 160, 128, torch.bfloat16, ",stream_lean=0"),
+               ("mamba2", 160, 16, torch.float16, ""), ("mamba2", 96, 32, torch.float32, ""),
+               ("mamba2", 160, 64, torch.bfloat16, ""), ("mamba2", 80, 256, torch.float16, ""),
+               ("gdn", 16, 128, torch.bfloat16, ""), ("gdn", 48, 128, torch.bfloat16, ""), ("gdn", 96, 128, torch.bfloat16, ""),
+               ("gdn", 48, 128, torch.float16, ""), ("gdn", 48, 64, torch.bfloat16, ""),
+               ("gdn", 48, 128, torch.bfloat16, ",gdn_replay_variant=0"),
+               ("gdn", 48, 128, torch.bfloat16, ",gdn_replay_variant=1")]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("model, rows", [("mamba2", 32), ("mamba2", 160), ("mamba2", 192), ("gdn", 16), ("gdn", 48),
-                                         ("gdn", 96)])
-def test_cuda_fold_pair_changes_no_bit(monkeypatch, model, rows):
+@pytest.mark.parametrize("model, rows, dim, act_dtype, tune", _PAIR_CASES,
+                         ids=[f"{m}-{r}rows-{d}-{str(a)[6:]}{t.replace(',', '-')}" for m, r, d, a, t in _PAIR_CASES])
+def test_cuda_fold_pair_changes_no_bit(monkeypatch, model, rows, dim, act_dtype, tune):
     gen = torch.Generator()
     gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
     batch, num_slots = 40, 45
     if model == "mamba2":
-        H, P, G, N = 8, 64, 2, 128
+        H, P, G, N = 8, 64, 2, dim
         layer = Layer(H, P, G, N, "cuda", gen)
-        cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=torch.bfloat16, device="cuda")
+        cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=act_dtype, device="cuda")
         knob = "replay_rows"
 
         def token(batch):
-            return layer.token(batch, torch.bfloat16, gen)
+            return layer.token(batch, act_dtype, gen)
 
         def step(c, ids, tok, out):
             replayssm.mamba2_replay_step(c, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"], slot_ids=ids,
                                          out=out, **layer.kwargs())
         out_key = "x"
     else:
-        HV, H, K, V = 4, 2, 128, 128
+        HV, H, K, V = 4, 2, dim, 128
         A_log = (torch.rand(HV, generator=gen) * 2.7).cuda()
         dt_bias = (torch.rand(HV, generator=gen) - 4.0).cuda()
         cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device="cuda")
         knob = "gdn_replay_rows"
 
         def token(batch):
-            rnd = lambda *s: torch.randn(batch, *s, generator=gen).to("cuda", torch.bfloat16)
+            rnd = lambda *s: torch.randn(batch, *s, generator=gen).to("cuda", act_dtype)
             return dict(q=rnd(H, K), k=rnd(H, K), v=rnd(HV, V), a=rnd(HV), b=rnd(HV))
 
         def step(c, ids, tok, out):
@@ -174,7 +187,7 @@ def test_cuda_fold_pair_changes_no_bit(monkeypatch, model, rows):
         assert int((cache.cursor[ids[live.cuda()].long()] == L - 1).sum()) > 0, t  # some rows fold at every step
         tok = token(batch)
         for c, pair in ((cache, 1), (twin, 0)):
-            monkeypatch.setenv("REPLAYSSM_TUNE", f"fold_pair={pair},{knob}={rows}")
+            monkeypatch.setenv("REPLAYSSM_TUNE", f"fold_pair={pair},{knob}={rows}{tune}")
             outs[pair] = torch.full_like(tok[out_key], float("nan"))
             step(c, ids, tok, outs[pair])
         assert not outs[1][live].isnan().any(), t
