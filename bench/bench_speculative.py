@@ -181,6 +181,22 @@ def bench(kind, batch, T, rate, L, steps, shape, gen, smoke=False, tune=False) -
     return r
 
 
+def ring_table(kind, batches, Ts, rates, lens=(8, 12, 16, 24, 32, 40, 48, 64), steps=64):
+    """How the ring length is chosen (issue 3: "choose the ring size from the bytes"): the analytic bytes of one
+    verify+commit step (the window bytes above, early folds at their steady-state rate) for each ring length that
+    holds a window (L >= T + 1), per batch, T and accept rate, with the accepted counts the benchmark draws. A short
+    ring folds often (each fold reads and writes the checkpoint); a long one is read whole at every step."""
+    gen = torch.Generator().manual_seed(0)
+    for batch in batches:
+        for T in Ts:
+            print(f"batch {batch}, T={T}: MiB per verify+commit step for ring length L (* the least)")
+            for rate in rates:
+                accs = [accepted_counts(batch, T, rate, gen, "cpu") for _ in range(steps)]
+                got = {L: kind.analytic_bytes(batch, T, L, accs, kind.shape)["verify"] / 2**20 for L in lens if L >= T + 1}
+                best = min(got, key=got.get)
+                print(f"  rate {rate:.2f}: " + "  ".join(f"{L}: {v:.0f}{'*' if L == best else ''}" for L, v in got.items()))
+
+
 def main(kind=MAMBA2):
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 128, 256])
@@ -191,8 +207,13 @@ def main(kind=MAMBA2):
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--tune", action="store_true", help="also time the alternative verify kernels")
     parser.add_argument("--view", action="store_true", help="caches with a bf16 output view (Mamba-2; the numerical split)")
+    parser.add_argument("--ring-table", action="store_true",
+                        help="print the analytic verify+commit bytes per step for ring lengths 8..64 (no GPU) and exit")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", kind.out))
     args = parser.parse_args()
+    if args.ring_table:
+        ring_table(kind, args.batches, args.T, args.rates)
+        return
     if args.view:
         if kind.name != "mamba2":
             raise SystemExit(f"--view: {kind.name} verify has no CUDA view path yet")
