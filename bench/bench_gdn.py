@@ -141,8 +141,9 @@ STEP_TUNES = ["gdn_step_threads=128", "gdn_step_hints=1", "gdn_step_rows=32", "g
 REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=0", "gdn_replay_prefetch=0",
                 "gdn_replay_prefetch=1", "gdn_replay_rows=32", "gdn_replay_rows=64", "gdn_replay_rows=128", "gdn_replay_rows=256", "gdn_replay_bps=8",
                 "gdn_replay_bps=16", "gdn_replay_bps=24",
-                "fold_pair=0", "fold_pair=1"]
-VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=64"]
+                "fold_pair=0", "fold_pair=1", "gdn_replay_split=0", "stream_lean=0", "stream_lean=1"]
+VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=64", "gdn_replay_split=0",
+              "stream_lean=0"]
 
 
 def main():

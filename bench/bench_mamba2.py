@@ -71,9 +71,10 @@ STEP_TUNES = ["step_unroll=1", "step_unroll=2", "step_unroll=4", "step_unroll=8"
 # replay_fold_first=-1 is the default configuration (tune_knob reads -1 as unset) timed as a separate graph: at batch
 # 256 the default entry and identical tune entries differed by 4-11% in session 10 (bench/NOTES.md).
 REPLAY_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=1", "replay_rows=64", "replay_rows=128", "replay_rows=256", "replay_rows=512", "replay_prefetch=0", "replay_prefetch=1", "stream_lean=0",
-                "fold_pair=0", "fold_pair=1"]
+                "fold_pair=0", "fold_pair=1", "replay_sm_rows=0"]
 VIEW_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=1", "stream_lean=0", "replay_rows=128", "replay_rows=256",
-              "replay_rows=512", "replay_rows=1024", "view_fold_lean=0"]
+              "replay_rows=512", "replay_rows=1024", "view_fold_lean=0", "view_bps=3",
+              "view_bps=3,replay_rows=256"]
 # (the view runs the same kernel and launcher as plain caches; view_fold_lean=0: its folds stream the view too)
 
 

@@ -79,13 +79,17 @@ def test_cuda_fold_first_order_changes_no_bit(monkeypatch, model, batch, view):
 # `rows` rows, 5 iterations each (the group's last block fewer).
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("N, rows", [(16, 320), (128, 160), (256, 80)])
-def test_cuda_view_fold_paths_change_no_bit(monkeypatch, N, rows):
+@pytest.mark.parametrize("N, rows, tune", [(16, 320, ""), (128, 160, ""), (256, 80, ""),
+                                           (128, 160, ",view_bps=4"), (128, 96, ",view_bps=4"),
+                                           (128, 160, ",view_bps=3"), (128, 96, ",view_bps=3")])
+def test_cuda_view_fold_paths_change_no_bit(monkeypatch, N, rows, tune):
+    """(view_bps=4: 4 blocks per SM, C_t from shared memory, 4 stages: 2 of the staged master, the default at this
+    ring; view_bps=3: 3 blocks per SM, 6 stages.)"""
     gen = torch.Generator()
     gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
     batch = 70
     made = _mamba2(batch + 5, True, gen, H=8, P=64, G=1, N=N)
-    _check_paths(monkeypatch, gen, batch, made, True, extra=f",replay_rows={rows}")
+    _check_paths(monkeypatch, gen, batch, made, True, extra=f",replay_rows={rows}{tune}")
 
 
 def _check_paths(monkeypatch, gen, batch, made, lean_fold, extra=""):
@@ -137,7 +141,8 @@ _PAIR_CASES = [("mamba2", 32, 128, torch.bfloat16, ""), ("mamba2", 160, 128, tor
                ("gdn", 16, 128, torch.bfloat16, ""), ("gdn", 48, 128, torch.bfloat16, ""), ("gdn", 96, 128, torch.bfloat16, ""),
                ("gdn", 48, 128, torch.float16, ""), ("gdn", 48, 64, torch.bfloat16, ""),
                ("gdn", 48, 128, torch.bfloat16, ",gdn_replay_variant=0"),
-               ("gdn", 48, 128, torch.bfloat16, ",gdn_replay_variant=1")]
+               ("gdn", 48, 128, torch.bfloat16, ",gdn_replay_variant=1"), ("gdn", 48, 128, torch.bfloat16, ",stream_lean=0"),
+               ("gdn", 48, 128, torch.bfloat16, ",stream_lean=1")]
 
 
 @pytest.mark.cuda

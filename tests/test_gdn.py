@@ -143,6 +143,11 @@ TUNE_CONFIGS = [
     "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=20",  # rows over blocks, a partial group
     "fold_pair=1",  # the replay step's folds two row iterations per trip (the default only past one resident wave)
     "fold_pair=1,gdn_replay_rows=36,gdn_replay_variant=2",
+    "gdn_replay_split=0,gdn_replay_bps=64",  # the replay step's rows as the block split gives them (uneven blocks)
+    "stream_lean=0",  # the replay step's row copies from 64-bit addresses (a plain cache's default at this batch)
+    "stream_lean=1",  # from 32-bit offsets (a plain cache's default past one resident wave)
+    "stream_lean=1,fold_pair=1,gdn_replay_rows=48",
+    "stream_lean=0,fold_pair=1,gdn_replay_rows=48,gdn_replay_variant=0",
 ]
 
 

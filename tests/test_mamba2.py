@@ -141,7 +141,7 @@ def test_cuda_wide_offset_stream_matches_reference(monkeypatch, act_dtype, state
                                   "stream_lean=0", "stream_lean=0,replay_rows=96",
                                   "step_unroll=1", "step_unroll=2", "step_unroll=8,step_bps=2",
                                   "replay_rows=160", "fold_pair=1", "fold_pair=1,replay_rows=160",
-                                  "fold_pair=1,stream_lean=0"])
+                                  "fold_pair=1,stream_lean=0", "replay_sm_rows=0"])
 def test_cuda_replay_launch_configurations(monkeypatch, tune):
     """The replay kernel's launch configurations: many blocks per slot (each counting in on the arrival counter),
     blocks that straddle heads (96 rows, P = 64), an odd number of row iterations per block (160 rows: 5; the folds

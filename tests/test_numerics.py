@@ -142,7 +142,9 @@ def test_verify_with_the_numerical_split():
 @pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("N", [16, 128, 256])
 @pytest.mark.parametrize("mode", ["view", "stochastic"])
-@pytest.mark.parametrize("tune", ["", "replay_prefetch=0,replay_rows=48", "stream_lean=0", "stream_lean=0,replay_rows=48"],
+@pytest.mark.parametrize("tune", ["", "replay_prefetch=0,replay_rows=48", "stream_lean=0", "stream_lean=0,replay_rows=48",
+                                  "view_bps=4", "view_bps=4,replay_rows=48", "view_bps=4,stream_lean=0",
+                                  "view_bps=3", "view_bps=3,replay_rows=48"],
                          ids=lambda t: t or "default")
 def test_cuda_numerical_split_matches_cpu(monkeypatch, tune, mode, N, act_dtype):
     """The CUDA replay step with a bf16 view (fp32 master) or with stochastic rounding at folds (bf16 checkpoint)
@@ -151,7 +153,8 @@ def test_cuda_numerical_split_matches_cpu(monkeypatch, tune, mode, N, act_dtype)
     stochastic rounding the same roundings for the same seed (all but elements whose fp32 value differs in
     its last bits between the two implementations' summation orders), reproducible run to run, and the same
     fold counts. Row layouts of 2, 4 and 8 lanes (N = 16, 128, 256); the default launch, and blocks that
-    straddle heads with the ring read after the cursor."""
+    straddle heads with the ring read after the cursor; view_bps=4 and 3 (a bf16 view, N = 128, bf16 activations:
+    4 blocks per SM, C_t from shared memory, the default at these rings; or 3 of 6 stages; other shapes ignore it)."""
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     split_matches_cpu(mode, N, act_dtype)
 
@@ -337,7 +340,10 @@ def test_gdn_verify_with_the_numerical_split():
 # spreads a key head's rows over many blocks of one row iteration each, the ring fetched with the cursor), and
 # gdn_replay_rows forcing blocks that straddle value heads and end in partial row iterations, the ring read after
 # the cursor. view-variant-0: the view's former layout (6 stages, 3 blocks per SM; the default is 4 and 4 at K = 128).
-GDN_SPLIT_TUNES = {"default": "", "rows": "gdn_replay_rows={rows},gdn_replay_prefetch=0", "view-variant-0": "gdn_view_variant=0"}
+# wide- and lean-offsets: the row copies from 64-bit addresses or 32-bit offsets (a plain cache's default at this
+# batch is the former, a view's the latter).
+GDN_SPLIT_TUNES = {"default": "", "rows": "gdn_replay_rows={rows},gdn_replay_prefetch=0", "view-variant-0": "gdn_view_variant=0",
+                   "wide-offsets": "stream_lean=0", "lean-offsets": "stream_lean=1"}
 
 
 @pytest.mark.cuda

@@ -66,6 +66,14 @@ __global__ void __launch_bounds__(kThreads) fold_first_order_kernel(const void* 
 // 137.0 / 249.9. Plain fp32 checkpoints (folds ~2.5x a row's time) gained nothing, and the GDN replay at batch 256
 // lost 4% (176.9 against 170.4 us: the first wave is then all folds, which stream below the bandwidth).
 // REPLAYSSM_TUNE replay_fold_first=1 forces it, =0 turns it off.
+// Whether an fp32 checkpoint's folding steps take two row iterations per trip (the replay kernels' pair loops,
+// REPLAYSSM_TUNE fold_pair=1 always, 0 never): by default where the grid is past one resident wave. At batch 1 the
+// pairs made the Mamba-2 replay step slower (7.78 against 7.59 us, H200, bench/results/session15/).
+inline bool fold_pairs(int64_t blocks, int64_t resident) {
+  const int knob = tune_knob("fold_pair");
+  return knob > 0 || (knob < 0 && blocks > resident);
+}
+
 inline int* fold_first_order(int* order, const void* slot_ids, bool slot_ids_int64, const int* cursor, int64_t num_slots,
                              int ring_len, int batch, int64_t blocks, int64_t resident, bool view, cudaStream_t stream) {
   const int knob = tune_knob("replay_fold_first");

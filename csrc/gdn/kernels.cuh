@@ -45,10 +45,14 @@
 //                      (Session 12 timed 6 stages at 4 blocks/SM: 3-4% slower at batch 32, level at 128 and 256; dropped.)
 //   gdn_replay_bps     blocks per SM the row split aims at (default 12: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
+//   gdn_replay_split   0: the replay step's rows per block as the bps split gives them (default: rounded up to split a
+//                      key head's rows evenly)
 //   replay_fold_first  0 / 1: as for the Mamba-2 replay step (mamba2/kernels.cuh; common/fold_order.cuh)
 //   fold_pair          an fp32 checkpoint's folding steps: 1 two row iterations per trip (each float4 of the ring-k
 //                      tile read once for both rows), 0 one; default: two when the grid is past one resident wave (as
 //                      for the Mamba-2 replay step); 16-bit activations only
+//   stream_lean        0: the replay step's row copies from 64-bit addresses, 1: from 32-bit offsets (default: those
+//                      for a view, and for a plain cache past one resident wave; as Mamba-2's)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
 //   gdn_verify_rows    rows of a key head's value heads (HV/H * V) per gdn_replay_verify block (forced; any value >= 1)
 #pragma once
@@ -263,7 +267,7 @@ struct GdnReplaySmem {
 //   instantiation (src_t == ckpt_t == float) compiles none of this (ops.cpp: on CUDA a fold counter comes only
 //   with a view or a 16-bit checkpoint).
 template <typename ckpt_t, typename src_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
-          bool kFoldPair = false>
+          bool kFoldPair = false, bool kLean = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gdn_replay_step_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
                            const bool vec_k, const bool vec_v, const bool prefetch_ring) {
@@ -328,11 +332,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int ts = off.tile_stride;
 
   RowPos copy_pos = pos0;
+  // kLean (the launcher: a key head's value heads within 32-bit offsets; REPLAYSSM_TUNE stream_lean=0: not): this
+  // lane's first column in the block's first value head and 32-bit strides, as the Mamba-2 replay step's. Without it
+  // every copy formed its row's 64-bit address from the slot, head and row (~47 of ~160 SASS instructions of a GDN
+  // view iteration that does not fold, nvcc 13.0; the Mamba-2 view gained 6% from the same change, 3114e59).
+  const src_t* src_lane = kLean ? src_row(RowPos{0, 0, 0}) + Layout::col(lane_in_row, 0, 0) : nullptr;
+  const int src_head_stride = int(kView ? c.view_head_stride : c.ckpt_head_stride);
+  const int src_row_stride = int(kView ? c.view_row_stride : c.ckpt_row_stride);
   // Start copying this thread's vectors of iteration `it` into staging stage `stage` (= it % kStages; an empty
   // group past the end).
   auto issue = [&](int it, int stage) {
     if (it < n_iter && copy_pos.r < row_end)
-      copy_row_async<Layout, kThreads, false>(staging, stage, copy_pos, static_cast<const src_t*>(nullptr), 0, 0, lane_in_row,
+      copy_row_async<Layout, kThreads, kLean>(staging, stage, copy_pos, src_lane, src_head_stride, src_row_stride, lane_in_row,
                                               src_row);
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(V);
@@ -1438,8 +1449,22 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   };
   // ~4 waves of 3 blocks per SM by default (prologues overlap other blocks' streaming).
   const int bps = tune_knob("gdn_replay_bps") > 0 ? tune_knob("gdn_replay_bps") : 12;
-  const int rows_per_block = gdn_rows_per_block(tune_knob("gdn_replay_rows"), p, int64_t(num_sms()) * bps, Layout::kRowsPerIter,
-                                                kMinBlocks, smem_for);
+  int rows_per_block = gdn_rows_per_block(tune_knob("gdn_replay_rows"), p, int64_t(num_sms()) * bps, Layout::kRowsPerIter,
+                                          kMinBlocks, smem_for);
+  // Blocks of equal rows: a key head's rows split evenly into whole row iterations, in as many blocks as the rule
+  // above gives or the fewest fewer, while kMinBlocks blocks still fit an SM (REPLAYSSM_TUNE gdn_replay_split=0: the
+  // rows as computed; it applies under forced gdn_replay_bps too).
+  // At batch 32 the rule above gives 96 rows: blocks of 96, 96 and 64 per key head; 128 rows (two blocks) measured
+  // 29.5 against 30.7 us (H200, session 15, gdn_replay_rows=128 against the default; 30.1 against 31.4 in another run).
+  if (tune_knob("gdn_replay_rows") <= 0 && tune_knob("gdn_replay_split") != 0) {
+    for (int n = (group_rows + rows_per_block - 1) / rows_per_block; n >= 1; --n) {
+      const int r = group_rows / n;
+      if (group_rows % n != 0 || r % Layout::kRowsPerIter != 0) continue;
+      if (r != rows_per_block && smem_for(r) <= smem_per_sm() / kMinBlocks - 1024 && smem_for(r) <= max_smem_per_block())
+        rows_per_block = r;
+      break;
+    }
+  }
   const int smem = smem_for(rows_per_block);
   gdn_check_smem(smem, p, c.ring_len, "gdn_replay_step");
   if (p.vdim > 0xffff)  // (the kernel packs a row's index within its value head into 16 bits)
@@ -1454,11 +1479,23 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // that loop: its fold is latency-bound there (the Mamba-2 replay step at batch 1: 7.78 us with pairs, 7.59 without).
   // 16-bit activations only: with fp32 ones (K = 128, 3 stages, 4 lanes) the pair loop spilled 36 bytes (ptxas).
   constexpr bool kCanPair = std::is_same_v<src_t, ckpt_t> && std::is_same_v<ckpt_t, float> && sizeof(act_t) == 2;
-  const int pair_knob = tune_knob("fold_pair");
-  const bool pair = kCanPair && (pair_knob > 0 || (pair_knob < 0 && blocks > int64_t(num_sms()) * kMinBlocks));
-  auto kernel = gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks>;
+  const bool pair = kCanPair && fold_pairs(blocks, int64_t(num_sms()) * kMinBlocks);
+  // 32-bit offsets of a key head's value-head rows from the block's first (the kernel's kLean): a view's kernel
+  // always, a plain cache's where the grid is past one resident wave (REPLAYSSM_TUNE stream_lean=0 never, 1 always).
+  // H200, session 16 (bench/results/session16/), us at batch 1 / 32 / 128 / 256: plain 6.46 / 29.6 / 87.7 / 163.1
+  // against 64-bit addresses' 6.20 / 29.6 / 88.3 / 165.2 (batch 1: one wave, latency-bound); view 7.51 / 28.9 / 69.4
+  // / 127.1 against 7.62 / 28.8 / 70.8 / 129.4.
+  const bool view = !std::is_same_v<src_t, ckpt_t>;
+  const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
+  const int forced_lean = tune_knob("stream_lean");
+  const bool lean = forced_lean != 0 && (forced_lean > 0 || view || blocks > int64_t(num_sms()) * kMinBlocks) &&
+                    int64_t(ratio) * head_stride + int64_t(V) * row_stride < (int64_t(1) << 31) && head_stride < (int64_t(1) << 31);
+  auto kernel = lean ? gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, false, true>
+                     : gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, false, false>;
   if constexpr (kCanPair)
-    if (pair) kernel = gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, true>;
+    if (pair)
+      kernel = lean ? gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, true, true>
+                    : gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, true, false>;
   if (smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_step shared memory");
   GdnReplayParams q = p;

@@ -20,6 +20,8 @@
 //   fold_pair        an fp32 checkpoint's folding steps: 1 two row iterations per trip (each B_j, or GDN's k_j,
 //                    read once for both rows), 0 one; default: two when the grid is past one resident wave
 //                    (replay_step.cuh, gdn/kernels.cuh)
+//   view_bps         a bf16 view's replay step (bf16 activations, N = 128): 4 or 3 blocks per SM (default 4 for rings
+//                    up to 16, the length measured; 3 past it; kernels.cuh below)
 //   verify_rows      rows of a group per verify block (forced; verify.cuh)
 #pragma once
 
@@ -406,7 +408,20 @@ void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStrea
       // 61.3 / 170.7 / 317.1.
       if (p.cache.view == nullptr) return launch_mamba2_replay_step_v10<ckpt_t, act_t, kN>(p, stream);
       if constexpr (kCkpt == DType::kFloat32)
+      {
+        // bf16 activations, N = 128: 4 blocks of 128 threads per SM (128 registers, C_t read from shared memory) in
+        // 4 stages (3 in flight per block: 12 per SM, against 15 for 3 blocks of 6; 6 stages do not leave 4 blocks
+        // of 256 rows room in an SM's shared memory). H200, session 16 (bench/results/session16/), us at batch
+        // 1 / 32 / 128 / 256, L = 16: 7.23 / 39.5 / 106.7 / 197.9 against 3 blocks of 6 stages' 7.17 / 41.0 / 107.0 /
+        // 199.5. The default up to rings of 16 (the length measured: past ~24 its blocks no longer fit 4 per SM);
+        // REPLAYSSM_TUNE view_bps=4 / 3 forces either form.
+        if constexpr (kAct == DType::kBFloat16 && kN == 128) {
+          const int bps = tune_knob("view_bps");
+          if (bps == 4 || (bps != 3 && p.cache.ring_len <= 16))
+            return launch_mamba2_replay_step_v10<float, act_t, kN, __nv_bfloat16, 4, 4>(p, stream);
+        }
         return launch_mamba2_replay_step_v10<float, act_t, kN, __nv_bfloat16, kStreamStages>(p, stream);
+      }
       throw std::invalid_argument("replayssm: on CUDA the output view must be of an fp32 checkpoint");
     });
   });

@@ -1,3 +1,10 @@
+// x, or x rounded to T (kRound): a folding row's fp32 master value as its view holds it.
+template <bool kRound, typename T>
+__device__ __forceinline__ float maybe_round(float x) {
+  if constexpr (kRound) return round_to<T>(x);
+  else return x;
+}
+
 // The replay-step kernel, for every cache: "v10" as measured at commit 6d3ccfd (its prologue and row loop
 // unchanged), with the numerical split's fold paths added. It replaced, in session 4, the general kernel that
 // had served the split from kernels.cuh: on the H200 at d8f3208 (bench/results/mamba2_decode.json) that one ran
@@ -20,8 +27,8 @@
 // the H200 at 3114e59 (bench/results/mamba2_decode_tune_3114e59.json), batch 256: 325.6 us against 329.3 on an fp32
 // checkpoint, 279.7 against 296.8 on the view.
 template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads, int kStages, bool kLean = false,
-          bool kWide = false>
-__global__ void __launch_bounds__(kThreads, 3)
+          bool kWide = false, int kMinBlocks = 3>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     mamba2_replay_step_kernel_v10(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
                               const bool io_vec, const bool prefetch_ring) {
   constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
@@ -242,11 +249,35 @@ __global__ void __launch_bounds__(kThreads, 3)
       for (int j = 0; j <= w; ++j) w_row[j] *= dt_at(j);
     }
   }
-  float Cv[kCols];  // this lane's columns of C_t
+  // This lane's columns of C_t: in registers, or (4 blocks per SM: 128 registers) read from shared memory where used.
+  constexpr bool kCvShared = kMinBlocks >= 4 && Layout::kVec % 4 == 0;
+  float Cv[kCvShared ? 1 : kCols];
+  if constexpr (!kCvShared)
 #pragma unroll
-  for (int v = 0; v < kVecs; ++v)
+    for (int v = 0; v < kVecs; ++v)
 #pragma unroll
-    for (int e = 0; e < Layout::kVec; ++e) Cv[v * Layout::kVec + e] = C_s[Layout::col(lane_in_row, v, e)];
+      for (int e = 0; e < Layout::kVec; ++e) Cv[v * Layout::kVec + e] = C_s[Layout::col(lane_in_row, v, e)];
+  // part[0..3] += x[col] C_t[col] over this lane's columns, four independent chains (one chain of kCols dependent
+  // FMAs was the largest stall, waiting on the previous FMA); x rounded to src_t first when kRound.
+  auto dot_C = [&](const float* x, float* part, auto round_tag) {
+    constexpr bool kRound = decltype(round_tag)::value;
+    if constexpr (kCvShared) {
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v)
+#pragma unroll
+        for (int e = 0; e < Layout::kVec; e += 4) {
+          const float4 c4 = *reinterpret_cast<const float4*>(C_s + Layout::col(lane_in_row, v, e));
+          const int col = v * Layout::kVec + e;
+          part[0] = fmaf(maybe_round<kRound, src_t>(x[col]), c4.x, part[0]);
+          part[1] = fmaf(maybe_round<kRound, src_t>(x[col + 1]), c4.y, part[1]);
+          part[2] = fmaf(maybe_round<kRound, src_t>(x[col + 2]), c4.z, part[2]);
+          part[3] = fmaf(maybe_round<kRound, src_t>(x[col + 3]), c4.w, part[3]);
+        }
+    } else {
+#pragma unroll
+      for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(maybe_round<kRound, src_t>(x[col]), Cv[col], part[col % 4]);
+    }
+  };
   if (!fold) {  // append this token's x to the ring (its B and dt after the loop)
     act_t* dst = static_cast<act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + w * c.ring_x_pos_stride +
                  int64_t(g) * heads_per_group * c.ring_x_head_stride;
@@ -265,16 +296,39 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // ---- Stream the block's rows.
   act_t* const out_block = static_cast<act_t*>(p.out) + b * p.out_batch_stride + int64_t(h0) * p.out_head_stride;  // (kLean)
+  // The output epilogue (this token's x, D, the gate, the store) of kLanes consecutive iterations runs at once,
+  // a row per lane: lane k of a row's lanes keeps the sum of the iteration it with it % kLanes == k (y_pend, its
+  // row in pend), so every lane works where one in kLanes did (ncu, batch 256, view: ~60 of ~230 warp instructions per iteration were the
+  // epilogue). Measured with the other row-loop cuts of adf5103: view 241.6 against 256.3 us at batch 256.
+  // Pending: (head within the block) << 16 | p, or -1 for none (two registers, not five: the view's kernel spilled).
+  // record: iteration it's sum y of row q; the epilogue at every kLanes-th iteration and the last.
+  auto record = [&](float& y_pend, int& pend, int it, float y, const RowPos& q, bool valid) {
+    const int k = it % kLanes;
+    if (k == lane_in_row) y_pend = y, pend = valid ? q.hl << 16 | q.i : -1;
+    if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
+      if (pend >= 0) {
+        const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * p.headdim + ip - row_begin;
+        // The ring's part of the output, sum_{j<w} exp(c_t - c_j) dt_j (B_j . C_t) x_j[p], by the row's epilogue
+        // lane alone: no loop in every iteration with a stride of kLanes (~35 of ~200 warp instructions).
+        const float* wdt_p = wdt + hp * L;
+        float yo = y_pend;
+#pragma unroll 4
+        for (int j = 0; j < w; ++j) yo = fmaf(wdt_p[j] * bc[j], to_float(xs[j * ts + rp]), yo);
+        yo = fmaf(wdt_p[w] * bc[w] + Ds[hp], to_float(xt_s[rp]), yo);
+        if (p.z) yo *= silu(to_float(zs[rp]));
+        if constexpr (kLean)
+          out_block[hp * int(p.out_head_stride) + ip] = from_float<act_t>(yo);
+        else
+          static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hp) * p.out_head_stride + ip] = from_float<act_t>(yo);
+      }
+      pend = -1;
+    }
+  };
   // The row loop; kMaster: a marked folding row's (every row folds; the master staged, no view read).
   auto row_loop = [&](auto master_tag) {
     constexpr bool kMaster = decltype(master_tag)::value;
     RowPos pos = pos0;
-    // The output epilogue (this token's x, D, the gate, the store) of kLanes consecutive iterations runs at once,
-    // a row per lane: lane k of a row's lanes keeps the sum of the iteration it with it % kLanes == k (y_pend, its
-    // row in pend), so every lane works where one in kLanes did (ncu, batch 256, view: ~60 of ~230 warp instructions per iteration were the
-    // epilogue). Measured with the other row-loop cuts of adf5103: view 241.6 against 256.3 us at batch 256.
-    // Pending: (head within the block) << 16 | p, or -1 for none (two registers, not five: the view's kernel spilled).
-    float y_pend = 0.f;
+    float y_pend = 0.f;  // (record's)
     int pend = -1;
     int stage = 0;  // it % kStages
     for (int it = 0; it < n_iter; ++it) {
@@ -304,39 +358,18 @@ __global__ void __launch_bounds__(kThreads, 3)
           sv[0] = __uint_as_float(m.x), sv[1] = __uint_as_float(m.y), sv[2] = __uint_as_float(m.z), sv[3] = __uint_as_float(m.w);
         }
         stage = stage == kMasterStages - 1 ? 0 : stage + 1;
-#pragma unroll
-        for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(round_to<src_t>(s[col]), Cv[col], part[col % 4]);
+        dot_C(s, part, std::true_type{});
       } else {
 #pragma unroll
         for (int v = 0; v < kVecs; ++v)
           unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
                           *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
         stage = stage == kStages - 1 ? 0 : stage + 1;
-#pragma unroll
-        for (int col = 0; col < kCols; ++col) part[col % 4] = fmaf(s[col], Cv[col], part[col % 4]);
+        dot_C(s, part, std::false_type{});
       }
       const float* wdt_h = wdt + hl * L;
       const float y = group_sum<kLanes>(decay[hl] * ((part[0] + part[1]) + (part[2] + part[3])));
-      const int k = it % kLanes;
-      if (k == lane_in_row) y_pend = y, pend = valid ? q.hl << 16 | q.i : -1;
-      if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
-        if (pend >= 0) {
-          const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * p.headdim + ip - row_begin;
-          // The ring's part of the output, sum_{j<w} exp(c_t - c_j) dt_j (B_j . C_t) x_j[p], by the row's epilogue
-          // lane alone: no loop in every iteration with a stride of kLanes (~35 of ~200 warp instructions).
-          const float* wdt_p = wdt + hp * L;
-          float yo = y_pend;
-#pragma unroll 4
-          for (int j = 0; j < w; ++j) yo = fmaf(wdt_p[j] * bc[j], to_float(xs[j * ts + rp]), yo);
-          yo = fmaf(wdt_p[w] * bc[w] + Ds[hp], to_float(xt_s[rp]), yo);
-          if (p.z) yo *= silu(to_float(zs[rp]));
-          if constexpr (kLean)
-            out_block[hp * int(p.out_head_stride) + ip] = from_float<act_t>(yo);
-          else
-            static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hp) * p.out_head_stride + ip] = from_float<act_t>(yo);
-        }
-        pend = -1;
-      }
+      record(y_pend, pend, it, y, q, valid);
       if (kMaster || fold) {
         // New checkpoint row: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
         if constexpr (kView && !kMaster) {  // from this lane's columns of the fp32 master row (the view served the output)
@@ -416,27 +449,6 @@ __global__ void __launch_bounds__(kThreads, 3)
       float y_pend = 0.f;
       int pend = -1;
       int stage = 0;  // it % kStages
-      // The output epilogue of iteration it (row_loop's, one iteration at a time).
-      auto record = [&](int it, float y, const RowPos& q, bool valid) {
-        const int k = it % kLanes;
-        if (k == lane_in_row) y_pend = y, pend = valid ? q.hl << 16 | q.i : -1;
-        if (k == kLanes - 1 || it == n_iter - 1) {
-          if (pend >= 0) {
-            const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * p.headdim + ip - row_begin;
-            const float* wdt_p = wdt + hp * L;
-            float yo = y_pend;
-#pragma unroll 4
-            for (int j = 0; j < w; ++j) yo = fmaf(wdt_p[j] * bc[j], to_float(xs[j * ts + rp]), yo);
-            yo = fmaf(wdt_p[w] * bc[w] + Ds[hp], to_float(xt_s[rp]), yo);
-            if (p.z) yo *= silu(to_float(zs[rp]));
-            if constexpr (kLean)
-              out_block[hp * int(p.out_head_stride) + ip] = from_float<act_t>(yo);
-            else
-              static_cast<act_t*>(p.out)[b * p.out_batch_stride + (h0 + hp) * p.out_head_stride + ip] = from_float<act_t>(yo);
-          }
-          pend = -1;
-        }
-      };
       for (int it = 0; it < n_iter; it += 2) {
         issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);  // (that stage was read last trip)
         cp_async_wait<kStages - 2>();  // this thread's vectors of iterations it and it + 1 have landed
@@ -469,9 +481,9 @@ __global__ void __launch_bounds__(kThreads, 3)
         issue(it + kStages, stage);
         stage = stage_b == kStages - 1 ? 0 : stage_b + 1;
         const float da = decay[hla], db = decay[hlb];
-        record(it, group_sum<kLanes>(da * ((pa[0] + pa[1]) + (pa[2] + pa[3]))), qa, va);
+        record(y_pend, pend, it, group_sum<kLanes>(da * ((pa[0] + pa[1]) + (pa[2] + pa[3]))), qa, va);
         const float yb = group_sum<kLanes>(db * ((pb[0] + pb[1]) + (pb[2] + pb[3])));
-        if (it + 1 < n_iter) record(it + 1, yb, qb, vb);
+        if (it + 1 < n_iter) record(y_pend, pend, it + 1, yb, qb, vb);
         // New checkpoint rows: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
 #pragma unroll
         for (int col = 0; col < kCols; ++col) sa[col] *= da, sb[col] *= db;
@@ -545,7 +557,9 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
 }
 
-template <typename ckpt_t, typename act_t, int kN, typename src_t = ckpt_t, int kStages = 3>
+// kMinBlocks: blocks per SM (__launch_bounds__; the rows rule, the shared-memory budget, the ring prefetch, the
+// fold-first order and the pair choice follow it).
+template <typename ckpt_t, typename act_t, int kN, typename src_t = ckpt_t, int kStages = 3, int kMinBlocks = 3>
 void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
   // Two stages in flight while a third is read, 128 bytes of a row per thread per stage: with three blocks
   // of 128 threads per SM, ~96 KiB of checkpoint reads outstanding per SM.
@@ -564,6 +578,16 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   const int forced_rows = tune_knob("replay_rows");
   if (forced_rows > 0) rows = forced_rows;
   rows = std::max<int64_t>(Layout::kRowsPerIter, (rows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
+  // An fp32 checkpoint whose grid is one resident wave (batch 1 here): a block per SM, not blocks of one row
+  // iteration, each repeating the whole prologue. H200, N = 128, batch 1, four runs in session 15: 64 rows (128
+  // blocks) 7.39 us against 7.48-7.78 for the rule's 32 (256 blocks), 8.1 for 128. REPLAYSSM_TUNE replay_sm_rows=0:
+  // the rule above.
+  if (forced_rows <= 0 && sizeof(src_t) == 4 && tune_knob("replay_sm_rows") != 0) {
+    const int64_t per_sm = (groups_total * group_rows + num_sms() - 1) / num_sms();
+    const int64_t r = (per_sm + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter;
+    const int64_t rule_blocks = groups_total * ((group_rows + rows - 1) / rows);
+    if (r <= group_rows && r > rows && rule_blocks <= int64_t(num_sms()) * kMinBlocks) rows = r;  // (the rule's grid: one wave)
+  }
   // At most kThreads heads per block (the decays take a thread per head; a block that straddles heads holds one
   // more than rows / headdim).
   constexpr int kMaxRows = 128 * 1024 / (kN * int(sizeof(src_t)));
@@ -578,7 +602,7 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
     if (forced_rows <= 0)
       for (const int r : {512, 256}) {
         const int64_t chunks_r = (group_rows + r - 1) / r;
-        if (r <= group_rows && r % Layout::kRowsPerIter == 0 && chunks_r * groups_total >= int64_t(num_sms()) * 3 * 2) {
+        if (r <= group_rows && r % Layout::kRowsPerIter == 0 && chunks_r * groups_total >= int64_t(num_sms()) * 3 * 2) {  // (session 11's rows; kept at 4 blocks/SM)
           rows_per_block = std::max(rows_per_block, r);
           break;
         }
@@ -590,7 +614,7 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   };
   const size_t smem_limit = size_t(max_smem_per_block());
   // Past 256 rows only while three blocks still fit an SM's shared memory (long rings).
-  while (forced_rows <= 0 && rows_per_block > 256 && smem_for(rows_per_block) > size_t(smem_per_sm() / 3 - 1024))
+  while (forced_rows <= 0 && rows_per_block > 256 && smem_for(rows_per_block) > size_t(smem_per_sm() / kMinBlocks - 1024))
     rows_per_block = std::max(256, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
   while (smem_for(rows_per_block) > smem_limit && rows_per_block > Layout::kRowsPerIter)
     rows_per_block = std::max(Layout::kRowsPerIter, rows_per_block / 2 / Layout::kRowsPerIter * Layout::kRowsPerIter);
@@ -610,7 +634,7 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   // Fetch the whole ring with the cursor when the grid is within one wave (latency-bound).
   const int64_t blocks = int64_t(chunks) * groups_total;
   const int forced_prefetch = tune_knob("replay_prefetch");
-  const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * 3;
+  const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * kMinBlocks;
   const size_t smem_bytes = smem_for(rows_per_block);
   // kLean's 32-bit offsets: a block's rows within a group of heads, and the outputs of a batch row.
   const bool view = !std::is_same_v<src_t, ckpt_t>;
@@ -619,22 +643,21 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
                            int64_t(p.nheads) * p.out_head_stride < (int64_t(1) << 31);
   Mamba2ReplayStepParams q = p;
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
-                                 int64_t(num_sms()) * 3, view, stream);
+                                 int64_t(num_sms()) * kMinBlocks, view, stream);
   // kWide (the kernel, above): a view's folding rows marked by the order read the master alone, staged
   // (REPLAYSSM_TUNE view_fold_lean=0: the view streamed too); an fp32 checkpoint's folding steps run two row
   // iterations per trip (fold_pair: unset, grids past one resident wave; 1 always; 0 never). Batch 1 (one wave)
   // measured 7.78 us with pairs against 7.59 without (H200, session 15): a resident grid's fold is latency-bound,
   // and the pair's longer trips only lengthen it. Other launches take the kernel without those loops.
   const bool lean = tune_knob("stream_lean") != 0 && offsets_fit;
-  const int pair_knob = tune_knob("fold_pair");
   const bool wide = view ? q.row_order != nullptr && tune_knob("view_fold_lean") != 0
-                         : sizeof(ckpt_t) == 4 && (pair_knob > 0 || (pair_knob < 0 && blocks > int64_t(num_sms()) * 3));
-  auto kernel = lean ? mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true>
-                     : mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, false>;
+                         : sizeof(ckpt_t) == 4 && fold_pairs(blocks, int64_t(num_sms()) * kMinBlocks);
+  auto kernel = lean ? mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true, false, kMinBlocks>
+                     : mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, false, false, kMinBlocks>;
   if constexpr (std::is_same_v<ckpt_t, float>)  // (a 16-bit checkpoint's kernel has no such loop)
     if (wide)
-      kernel = lean ? mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true, true>
-                    : mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, false, true>;
+      kernel = lean ? mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, true, true, kMinBlocks>
+                    : mamba2_replay_step_kernel_v10<ckpt_t, src_t, act_t, kN, kThreads, kStages, false, true, kMinBlocks>;
   if (smem_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");
