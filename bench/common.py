@@ -15,6 +15,12 @@ from typing import Callable
 
 import torch
 
+# The benchmarks import replayssm from the tree they sit in (a copy of the repository, as the variants step makes,
+# need not be installed or on PYTHONPATH: session 16 lost a profile to that).
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
 L2_BYTES = 60 * 2**20  # H200 (read back from the device where torch exposes it)
 
 
