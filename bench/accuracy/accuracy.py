@@ -8,7 +8,7 @@ with fp32 / bf16 state (rounded every token); replay with fp32 checkpoint; repla
 rounded to nearest once per fold (L=16); and for Mamba-2 the numerical split: bf16 checkpoint rounded
 stochastically at folds, and an fp32 master with a bf16 view that serves the outputs.
 
-    python bench/accuracy/accuracy.py --layer mamba2|gdn [--tokens 8192] [--device cpu|cuda]
+    python bench/accuracy/accuracy.py --layer mamba2|gdn [--tokens 8192] [--device cpu|cuda] [--seed S] [--modes M ...]
 writes bench/accuracy/<layer>_accuracy.json and, when matplotlib is installed, <layer>_accuracy.png.
 """
 from __future__ import annotations
@@ -139,14 +139,19 @@ def main():
     ap.add_argument("--ring-len", type=int, default=16)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--seed", type=int, default=0, help="the layer's parameters and the inputs (the committed study: 0)")
+    ap.add_argument("--modes", nargs="+", default=None, help="a subset of the modes (default: all)")
     args = ap.parse_args()
     out_path = args.out or os.path.join(HERE, f"{args.layer}_accuracy.json")
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(args.seed)
     heads = args.heads or (128 if args.layer == "mamba2" else 32)
     layer = (Mamba2Layer if args.layer == "mamba2" else GdnLayer)(heads, args.ring_len, args.device, gen)
     L = args.ring_len
-    modes = {m: (kind, dt_) for m, (kind, dt_, _) in layer.modes.items()}
-    holders = {m: layer.make(kind, dt_, opts) for m, (kind, dt_, opts) in layer.modes.items()}
+    chosen = {m: v for m, v in layer.modes.items() if args.modes is None or m in args.modes}
+    if args.modes and len(chosen) != len(set(args.modes)):
+        ap.error(f"unknown mode in {args.modes}; modes: {', '.join(layer.modes)}")
+    modes = {m: (kind, dt_) for m, (kind, dt_, _) in chosen.items()}
+    holders = {m: layer.make(kind, dt_, opts) for m, (kind, dt_, opts) in chosen.items()}
     ref = layer.zero_ref()
     checkpoints = sorted({16, 256, 2048, args.tokens} & set(range(1, args.tokens + 1)))
     out_err = {m: [] for m in modes}
@@ -171,7 +176,7 @@ def main():
 
     table = {m: {str(t): {"output": window_mean(out_err[m], t - 1), "state": state_err[m][t]} for t in checkpoints}
              for m in modes}
-    result = dict(layer=layer.shape_desc.format(H=heads), batch=1, ring_len=L, tokens=args.tokens, device=args.device,
+    result = dict(layer=layer.shape_desc.format(H=heads), batch=1, ring_len=L, tokens=args.tokens, device=args.device, seed=args.seed,
                   activations="fp32 carrying bf16-valued inputs", table=table,
                   output_error_per_token={m: out_err[m] for m in modes},
                   command=" ".join(["python"] + sys.argv), torch=torch.__version__)
