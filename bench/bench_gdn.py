@@ -143,7 +143,7 @@ REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_replay_varian
                 "gdn_replay_bps=16", "gdn_replay_bps=24",
                 "fold_pair=0", "fold_pair=1", "gdn_replay_split=0", "stream_lean=0", "stream_lean=1"]
 VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=64", "gdn_replay_split=0",
-              "stream_lean=0"]
+              "stream_lean=0", "gdn_replay_rows=512"]
 
 
 def main():
@@ -153,11 +153,16 @@ def main():
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--tune", action="store_true", help="also time alternative launch configurations")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gdn_decode.json"))
+    parser.add_argument("--key-heads", type=int, default=16,
+                        help="key heads H (HV = 32 value heads): 8 gives a key head 512 state rows, so that a replay block "
+                             "can be twice the benchmark's 256 (gdn_replay_rows=512, a view tune entry)")
     args = parser.parse_args()
     if args.smoke:
         print(bench_batch(3, 4, (4, 2, 16, 8), None, torch.Generator().manual_seed(0), smoke=True))
         return
-    shape = (32, 16, 128, 128)  # HV, H, K, V
+    if 32 % args.key_heads:
+        parser.error("--key-heads must divide the 32 value heads")
+    shape = (32, args.key_heads, 128, 128)  # HV, H, K, V
     gen = torch.Generator(device="cuda").manual_seed(0)
     fla = load_fla()
     bw = common.measure_bandwidth()
