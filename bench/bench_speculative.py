@@ -16,7 +16,7 @@ run goes through), the floor, and the ratios the issue asks for (speedup over th
 over one replay step at the same batch, measured in the same run).
 
     python bench/bench_speculative.py [--batches 32 128 256] [--T 2 4 8] [--rates 0.25 0.5 0.75 1.0]
-                                      [--ring-len 32] [--out bench/results/mamba2_speculative.json]
+                                      [--ring-len 32 ...] [--out bench/results/mamba2_speculative.json]
     python bench/bench_speculative.py --smoke    # tiny shapes, eager, CPU or GPU: checks the code paths only
     python bench/bench_speculative.py --view     # verify streams a bf16 view of the fp32 checkpoint (issue 5)
 """
@@ -202,7 +202,8 @@ def main(kind=MAMBA2):
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 128, 256])
     parser.add_argument("--T", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--rates", type=float, nargs="+", default=[0.25, 0.5, 0.75, 1.0])
-    parser.add_argument("--ring-len", type=int, default=32)
+    parser.add_argument("--ring-len", type=int, nargs="+", default=[32],
+                        help="ring lengths to time (each T with every length that holds its window, L >= T + 1)")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--tune", action="store_true", help="also time the alternative verify kernels")
@@ -232,8 +233,8 @@ def main(kind=MAMBA2):
     for batch in args.batches:
         one_step = kind.replay_step_us(batch, 16, kind.shape, gen)
         for T in args.T:
-            for rate in args.rates:
-                r = bench(kind, batch, T, rate, args.ring_len, args.steps, kind.shape, gen, tune=args.tune)
+            for L, rate in [(L, rate) for L in args.ring_len if L >= T + 1 for rate in args.rates]:
+                r = bench(kind, batch, T, rate, L, args.steps, kind.shape, gen, tune=args.tune)
                 r["replay_step_us"] = one_step
                 r["verify_over_replay_step"] = r["verify_us"] / one_step
                 r["verify_floor_us"] = r["bytes"]["verify"] / (max(bw["read_TBps"], bw["copy_TBps"]) * 1e6)
@@ -244,9 +245,9 @@ def main(kind=MAMBA2):
     common.write_result(args.out, {"bandwidth": bw, "layer": kind.name, "shape": dict(zip(names, kind.shape)),
                                    "state_dtype": "float32", "act_dtype": "bfloat16",
                                    "output_view": "bfloat16" if VIEW is not None else None, "rows": rows})
-    print(f"\n{'batch':>5} {'T':>2} {'rate':>5} {'baseline':>9} {'verify':>8} {'floor':>7} {'speedup':>8} {'/replay':>8}")
+    print(f"\n{'batch':>5} {'T':>2} {'L':>3} {'rate':>5} {'baseline':>9} {'verify':>8} {'floor':>7} {'speedup':>8} {'/replay':>8}")
     for r in rows:
-        print(f"{r['batch']:>5} {r['T']:>2} {r['rate']:>5.2f} {r['baseline_us']:>9.1f} {r['verify_us']:>8.1f} "
+        print(f"{r['batch']:>5} {r['T']:>2} {r['ring_len']:>3} {r['rate']:>5.2f} {r['baseline_us']:>9.1f} {r['verify_us']:>8.1f} "
               f"{r['verify_floor_us']:>7.1f} {r['speedup']:>7.2f}x {r['verify_over_replay_step']:>7.2f}x  "
               f"(spread {100 * max(r['round_spread'].values()):.1f}%) "
               + " ".join(f"{k}: {v:.1f}" for k, v in r.get("verify_tuning_us", {}).items()))

@@ -127,9 +127,9 @@ def test_step_and_replay_match_the_delta_rule_across_folds(device, act_dtype, st
 # Forced launch configurations of the CUDA step and replay step (REPLAYSSM_TUNE, read at every launch; the knobs are
 # listed at the top of csrc/gdn/kernels.cuh). "" is the default configuration.
 TUNE_CONFIGS = [
-    "",  # the step: one-warp blocks of 4 rows at this shape (the 64-row cap acts from batch * HV >= 8 per SM)
+    "",  # the step: one-warp blocks of 4 rows at this shape (the 32-row cap acts from batch * HV of about 3 per SM)
     "gdn_step_threads=128",  # the 128-thread step (its default before session 9)
-    "gdn_step_rows=64,gdn_step_hints=1",  # one-warp blocks of 64 rows (the default at the benchmark's batch >= 32), .cs hints
+    "gdn_step_rows=64,gdn_step_hints=1",  # one-warp blocks of 64 rows (the default at the benchmark's batch >= 32 until session 16), .cs hints
     "gdn_step_rows=24,gdn_replay_rows=96",  # rows over several blocks; a replay block straddles two value heads
     "gdn_step_rows=16,gdn_step_unroll=1,gdn_replay_rows=36,gdn_replay_prefetch=0",  # scalar v tile, ring after the cursor
     "gdn_step_lanes=32,gdn_step_unroll=8,gdn_step_rows=40,gdn_replay_rows=30,gdn_replay_prefetch=1,gdn_replay_variant=2",

@@ -24,7 +24,7 @@
 // Launch-configuration knobs (REPLAYSSM_TUNE="key=value,...", common/cuda_utils.cuh; read at every launch; the
 // variants exist for fp32 state/checkpoint, bf16 activations, K = 128 only, the benchmark's configuration):
 //   The step's default there (no gdn_step_* knob but bps/rows): one-warp blocks, 8 lanes per row, 2 rows in flight per
-//   thread, at most 64 rows per block. Setting gdn_step_unroll or gdn_step_lanes alone selects 128-thread blocks:
+//   thread, at most 32 rows per block. Setting gdn_step_unroll or gdn_step_lanes alone selects 128-thread blocks:
 //   gdn_step_unroll    rows in flight per thread: 1, 2, 4 (128 threads' default), 8 (not with 4 lanes: it spills)
 //   gdn_step_lanes     lanes per state row: 4, 8 (default: 16 columns per lane), 16, 32
 //   gdn_step_bps       blocks per SM the row split aims at when batch * HV is small (default 8)
@@ -1389,18 +1389,21 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
         const int threads = tune_knob("gdn_step_threads");
         if (threads == 32 || (threads <= 0 && lanes <= 0 && unroll <= 0)) {  // (tune_knob: -1 when not set)
           // One-warp blocks (fla's fused recurrent kernel's shape). The default since session 9: 8 lanes per row,
-          // 2 rows in flight per thread, 16 blocks per SM, at most 64 rows per block (the split alone would give
+          // 2 rows in flight per thread, 16 blocks per SM, at most 32 rows per block (the split alone would give
           // a head's 128 rows to one block at batch >= 128). H200, d777fc9, one interleaved run
           // (bench/results/gdn_decode.json): 4.8 / 39.9 / 144.4 / 283.0 us at batch 1 / 32 / 128 / 256, against
-          // 5.3 / 41.2 / 146.7 / 286.0 for the 128-thread kernel below (gdn_step_threads=128).
+          // 5.3 / 41.2 / 146.7 / 286.0 for the 128-thread kernel below (gdn_step_threads=128). The cap was 64 rows
+          // until session 16: 32 (the tune entry gdn_step_rows=32, which gives the same grids at batch 32-256) was
+          // as fast or faster at 32 / 128 / 256 in each of seven runs of sessions 15-16, by 0-2.5% / 0.2-0.8% /
+          // 0.5-1.0% (e.g. 143.2 against 144.1 us at 128, 279.8 against 282.5 at 256: bench/results/gdn_decode.json).
           if (lanes == 32) {  // a row across the warp, 4 columns per lane: few registers, many blocks per SM
             if (unroll == 4) return launch_gdn_step<float, act_t, kK, 4, 32, 32, 32>(p, stream);  // 60 registers
             return launch_gdn_step<float, act_t, kK, 8, 32, 24, 32>(p, stream);                   // 80 registers
           }
           if (unroll == 1) return launch_gdn_step<float, act_t, kK, 1, 8, 16, 32>(p, stream);
           if (tune_knob("gdn_step_hints") == 1)  // streaming (.cs) loads and stores of the state (the default before session 10)
-            return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32>(p, stream, threads <= 0 ? 64 : 0);
-          return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32, false>(p, stream, threads <= 0 ? 64 : 0);  // plain
+            return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32>(p, stream, threads <= 0 ? 32 : 0);
+          return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32, false>(p, stream, threads <= 0 ? 32 : 0);  // plain
         }
         if (lanes == 4) switch (unroll) {  // 32 columns per lane
             case 1: return launch_gdn_step<float, act_t, kK, 1, 4, 3>(p, stream);
@@ -1472,23 +1475,24 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
   const GdnTileVec vec = gdn_tile_vec<act_t>(p, rows_per_block, false);
   const int64_t blocks = int64_t(chunks) * p.nkheads * p.batch;
+  const int64_t resident = int64_t(num_sms()) * kMinBlocks;  // blocks of one resident wave
+  const bool view = !std::is_same_v<src_t, ckpt_t>;
   const int forced_prefetch = tune_knob("gdn_replay_prefetch");
-  const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= int64_t(num_sms()) * kMinBlocks;
+  const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= resident;
   // An fp32 checkpoint's folding steps (the kernel's kFoldPair): two row iterations per trip where the grid is past
   // one resident wave (REPLAYSSM_TUNE fold_pair=1 always, 0 never). Resident grids (batch 1) take the kernel without
   // that loop: its fold is latency-bound there (the Mamba-2 replay step at batch 1: 7.78 us with pairs, 7.59 without).
   // 16-bit activations only: with fp32 ones (K = 128, 3 stages, 4 lanes) the pair loop spilled 36 bytes (ptxas).
   constexpr bool kCanPair = std::is_same_v<src_t, ckpt_t> && std::is_same_v<ckpt_t, float> && sizeof(act_t) == 2;
-  const bool pair = kCanPair && fold_pairs(blocks, int64_t(num_sms()) * kMinBlocks);
+  const bool pair = kCanPair && fold_pairs(blocks, resident);
   // 32-bit offsets of a key head's value-head rows from the block's first (the kernel's kLean): a view's kernel
   // always, a plain cache's where the grid is past one resident wave (REPLAYSSM_TUNE stream_lean=0 never, 1 always).
   // H200, session 16 (bench/results/session16/), us at batch 1 / 32 / 128 / 256: plain 6.46 / 29.6 / 87.7 / 163.1
   // against 64-bit addresses' 6.20 / 29.6 / 88.3 / 165.2 (batch 1: one wave, latency-bound); view 7.51 / 28.9 / 69.4
   // / 127.1 against 7.62 / 28.8 / 70.8 / 129.4.
-  const bool view = !std::is_same_v<src_t, ckpt_t>;
   const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
   const int forced_lean = tune_knob("stream_lean");
-  const bool lean = forced_lean != 0 && (forced_lean > 0 || view || blocks > int64_t(num_sms()) * kMinBlocks) &&
+  const bool lean = forced_lean != 0 && (forced_lean > 0 || view || blocks > resident) &&
                     int64_t(ratio) * head_stride + int64_t(V) * row_stride < (int64_t(1) << 31) && head_stride < (int64_t(1) << 31);
   auto kernel = lean ? gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, false, true>
                      : gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, false, false>;
@@ -1500,7 +1504,7 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_step shared memory");
   GdnReplayParams q = p;
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
-                                 int64_t(num_sms()) * kMinBlocks, !std::is_same_v<src_t, ckpt_t>, stream);
+                                 resident, view, stream);
   const dim3 grid(chunks, p.nkheads, p.batch);
   kernel<<<grid, kThreads, smem, stream>>>(q, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring);
   check_cuda(cudaGetLastError(), "gdn_replay_step kernel launch");

@@ -8,7 +8,8 @@
 //
 // Launch-configuration knobs (REPLAYSSM_TUNE="key=value,...", common/cuda_utils.cuh; read at every launch; for
 // benchmarking alternatives, bench/bench_mamba2.py --tune and bench_speculative.py --tune):
-//   step_unroll      rows in flight per thread in mamba2_step: 1, 2, 4, 8 (default 4, or 2 with >= 64 heads per SM)
+//   step_unroll      rows in flight per thread in mamba2_step: 1, 2, 4, 8 (default 4, or 2 with >= 64 heads per SM
+//                    or at most one)
 //   step_bps         blocks per SM mamba2_step's row split aims at (default 8)
 //   replay_rows      rows of a group per replay-step block (forced; replay_step.cuh)
 //   replay_prefetch  1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
@@ -238,9 +239,13 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
       // 0.7-1% faster at batch 128 and 256, 4 is 5% faster at 32; as the default, in two runs of session 4: 91.0 /
       // 90.0% of copy bandwidth at 128, 92.2 / 91.5% at 256, the second in bench/results/mamba2_decode.json at 6b2b7e4;
       // 90.2 / 91.5% at aef8ba1); others when REPLAYSSM_TUNE asks.
+      // Also 2 when the grid has at most a head per SM (batch 1 here): 5.55-5.63 against 5.58-5.68 us in each of
+      // eight runs of sessions 15-16 (tune entry step_unroll=2; a head's 64 rows in one block either way, 4 rows in
+      // flight per thread leaving half the block's threads without a row).
       const int forced = tune_knob("step_unroll");
-      const bool many_heads = int64_t(p.batch) * p.nheads >= int64_t(64) * num_sms();
-      switch (forced > 0 ? forced : (many_heads ? 2 : 4)) {
+      const int64_t heads_total = int64_t(p.batch) * p.nheads;
+      const bool two = heads_total >= int64_t(64) * num_sms() || heads_total <= int64_t(num_sms());
+      switch (forced > 0 ? forced : (two ? 2 : 4)) {
         case 1: return launch_mamba2_step<state_t, act_t, kN, 1>(p, stream);
         case 2: return launch_mamba2_step<state_t, act_t, kN, 2>(p, stream);
         case 8: return launch_mamba2_step<state_t, act_t, kN, 8>(p, stream);
