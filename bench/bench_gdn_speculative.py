@@ -11,7 +11,7 @@ becomes its last accepted token's, an index). The baseline's outputs are not the
 cost is measured.
 
     python bench/bench_gdn_speculative.py [--batches 32 128 256] [--T 2 4 8] [--rates 0.25 0.5 0.75 1.0]
-                                          [--ring-len 32] [--tune] [--out bench/results/gdn_speculative.json]
+                                          [--ring-len 12 ...] [--tune] [--out bench/results/gdn_speculative.json]
     python bench/bench_gdn_speculative.py --smoke    # tiny shapes, eager, CPU: checks the code paths only
 """
 from __future__ import annotations

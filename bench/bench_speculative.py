@@ -16,7 +16,14 @@ run goes through), the floor, and the ratios the issue asks for (speedup over th
 over one replay step at the same batch, measured in the same run).
 
     python bench/bench_speculative.py [--batches 32 128 256] [--T 2 4 8] [--rates 0.25 0.5 0.75 1.0]
-                                      [--ring-len 32 ...] [--out bench/results/mamba2_speculative.json]
+                                      [--ring-len 12 ...] [--out bench/results/mamba2_speculative.json]
+The ring length (default 12) is the one measured fastest at batch 256 (session 17, bench/NOTES.md): at T = 4 and
+accept rate 0.5, verify+commit took 494 / 492 / 501 / 534 / 573 us at L = 8 / 12 / 16 / 24 / 32, although a short
+ring folds more often and moves more bytes (floors 343 / 314 / 303 / 290 / 289 us; two runs, L = 16 in both:
+501.7 and 501.0 us): the verify replays up to
+L - T history tokens per row, and that work, not the bytes, sets its time. 12 was also the fastest measured at T = 8
+(12 / 16) and within 1% of 8 at T = 2; for GDN at T = 4 too (12 / 16 / 32).
+
     python bench/bench_speculative.py --smoke    # tiny shapes, eager, CPU or GPU: checks the code paths only
     python bench/bench_speculative.py --view     # verify streams a bf16 view of the fp32 checkpoint (issue 5)
 """
@@ -202,7 +209,7 @@ def main(kind=MAMBA2):
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 128, 256])
     parser.add_argument("--T", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--rates", type=float, nargs="+", default=[0.25, 0.5, 0.75, 1.0])
-    parser.add_argument("--ring-len", type=int, nargs="+", default=[32],
+    parser.add_argument("--ring-len", type=int, nargs="+", default=[12],
                         help="ring lengths to time (each T with every length that holds its window, L >= T + 1)")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
