@@ -135,7 +135,7 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
 
 
 # Alternative launch configurations (REPLAYSSM_TUNE, listed in csrc/gdn/kernels.cuh), timed with --tune.
-STEP_TUNES = ["gdn_step_threads=128", "gdn_step_hints=1", "gdn_step_rows=32", "gdn_step_rows=64", "gdn_step_threads=32",
+STEP_TUNES = ["gdn_step_threads=128", "gdn_step_hints=1", "gdn_step_rows=16", "gdn_step_rows=32", "gdn_step_rows=64", "gdn_step_threads=32",
               "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4",
               "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=8"]
 REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=0", "gdn_replay_prefetch=0",
