@@ -1395,7 +1395,9 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
           // 5.3 / 41.2 / 146.7 / 286.0 for the 128-thread kernel below (gdn_step_threads=128). The cap was 64 rows
           // until session 16: 32 (the tune entry gdn_step_rows=32, which gives the same grids at batch 32-256) was
           // as fast or faster at 32 / 128 / 256 in each of seven runs of sessions 15-16, by 0-2.5% / 0.2-0.8% /
-          // 0.5-1.0% (e.g. 143.2 against 144.1 us at 128, 279.8 against 282.5 at 256: bench/results/gdn_decode.json).
+          // 0.5-1.0% (e.g. 143.2 against 144.1 us at 128, 279.8 against 282.5 at 256: bench/results/session16/
+          // gdn_tune_n_call3.json); as the default, 143.3 / 280.7 against gdn_step_rows=64's 143.9 / 282.1 (session 17,
+          // bench/results/session17/gdn_tune_p_call1.json).
           if (lanes == 32) {  // a row across the warp, 4 columns per lane: few registers, many blocks per SM
             if (unroll == 4) return launch_gdn_step<float, act_t, kK, 4, 32, 32, 32>(p, stream);  // 60 registers
             return launch_gdn_step<float, act_t, kK, 8, 32, 24, 32>(p, stream);                   // 80 registers

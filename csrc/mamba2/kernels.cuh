@@ -240,7 +240,8 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
       // 90.0% of copy bandwidth at 128, 92.2 / 91.5% at 256, the second in bench/results/mamba2_decode.json at 6b2b7e4;
       // 90.2 / 91.5% at aef8ba1); others when REPLAYSSM_TUNE asks.
       // Also 2 when the grid has at most a head per SM (batch 1 here): 5.55-5.63 against 5.58-5.68 us in each of
-      // eight runs of sessions 15-16, and 5.60 against 5.67 in session 17 (tune entry step_unroll=4). At batch 1 the
+      // eight runs of sessions 15-16, and 5.60 against 5.67 in session 17 (tune entry step_unroll=4;
+      // bench/results/session17/mamba2_tune_p_call1.json). At batch 1 the
       // split gives each head's 64 rows (a warp per fp32 row of 128) to 8 blocks of 8 rows with 2 rows in flight per
       // thread (1024 blocks), against 4 blocks of 16 with 4 (512 blocks).
       const int forced = tune_knob("step_unroll");
