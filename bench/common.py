@@ -254,7 +254,10 @@ def environment() -> dict:
 
 
 def write_result(path: str, payload: dict) -> None:
-    payload = dict(payload, command=" ".join([os.path.basename(sys.executable)] + sys.argv), environment=environment())
+    # (the switches that change what the extension launches are part of the command: REPLAYSSM_PDL=1 python3 ...)
+    switches = [f"{k}={os.environ[k]}" for k in ("REPLAYSSM_PDL", "REPLAYSSM_TUNE") if os.environ.get(k)]
+    payload = dict(payload, command=" ".join(switches + [os.path.basename(sys.executable)] + sys.argv),
+                   environment=environment())
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)

@@ -474,3 +474,92 @@ def test_cuda_kernels_match_fla():
     cache.reset(slots, init)
     o_v = replayssm.gdn_replay_verify(cache, q, k, v, a, b, A_log, slot_ids=slots, dt_bias=dt_bias)
     assert rel_err(o_v, o_fr.double()) < 2e-2
+
+
+def _gdn_pdl_chain(monkeypatch, kind, env, seed, graph, layers):
+    """`layers` GDN layers decoded back to back on one stream, each layer's output the next one's v (each launch reads
+    what the launch just ahead of it wrote), for 3L tokens: every layer's outputs and the pools or caches at the end,
+    with the environment variables `env` set (REPLAYSSM_PDL=1: programmatic dependent launch, common/cuda_utils.cuh).
+    With `graph`, one token's launches are captured once (after a warm-up on copies of the pools) and replayed."""
+    gen = torch.Generator().manual_seed(seed)
+    HV, H, K, V, batch, num_slots, L = 4, 2, 128, 128, 4, 6, 4
+    dev, act = "cuda", torch.bfloat16
+    slots = torch.randperm(num_slots, generator=gen)[:batch].to(dev, torch.int32)
+    A_log = [(torch.rand(HV, generator=gen) - 1.0).to(dev) for _ in range(layers)]
+    dt_bias = [(torch.randn(HV, generator=gen) * 0.5).to(dev) for _ in range(layers)]
+    pools = []
+    for _ in range(layers):
+        init = torch.randn(num_slots, HV, V, K, generator=gen) * 0.1
+        if kind == "step":
+            pools.append(init.to(dev))
+        else:
+            cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device=dev,
+                                            output_view=torch.bfloat16 if kind == "view" else None)
+            cache.reset(torch.arange(num_slots, device=dev, dtype=torch.int32), init.to(dev))
+            pools.append(cache)
+    tokens = 3 * L
+    v0 = torch.randn(tokens, batch, HV, V, generator=gen).to(dev, act)
+    qs = torch.randn(tokens, layers, batch, H, K, generator=gen).to(dev, act)
+    ks = torch.randn(tokens, layers, batch, H, K, generator=gen).to(dev, act)
+    gates = torch.randn(tokens, layers, 2, batch, HV, generator=gen).to(dev, act)
+    outs = torch.empty(tokens, layers, batch, HV, V, dtype=act, device=dev)
+
+    def one_token(pools_, q_t, k_t, g_t, v_in, out_t):
+        v = v_in
+        for i in range(layers):
+            args = (q_t[i], k_t[i], v, g_t[i, 0], g_t[i, 1], A_log[i])
+            kw = dict(slot_ids=slots, dt_bias=dt_bias[i], out=out_t[i])
+            (replayssm.gdn_step if kind == "step" else replayssm.gdn_replay_step)(pools_[i], *args, **kw)
+            v = out_t[i]
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    torch.cuda.synchronize()
+    if not graph:
+        for t in range(tokens):
+            one_token(pools, qs[t], ks[t], gates[t], v0[t], outs[t])
+    else:
+        st = dict(q=qs[0].clone(), k=ks[0].clone(), g=gates[0].clone(), v=v0[0].clone(), out=torch.empty_like(outs[0]))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up outside the graph on copies of the pools
+            copies = [p.clone() if kind == "step" else dataclasses.replace(p, **{f: getattr(p, f).clone() for f in
+                      vars(p) if isinstance(getattr(p, f), torch.Tensor)}) for p in pools]
+            one_token(copies, st["q"], st["k"], st["g"], st["v"], st["out"])
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            one_token(pools, st["q"], st["k"], st["g"], st["v"], st["out"])
+        for t in range(tokens):
+            st["q"].copy_(qs[t]), st["k"].copy_(ks[t]), st["g"].copy_(gates[t]), st["v"].copy_(v0[t])
+            g.replay()
+            outs[t].copy_(st["out"])
+    torch.cuda.synchronize()
+    for name in env:
+        monkeypatch.delenv(name)
+    state = [p if kind == "step" else {k: v for k, v in vars(p).items() if isinstance(v, torch.Tensor)} for p in pools]
+    return outs, state
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["step", "replay", "view"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("layers", [2, 6])
+def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
+    """As tests/test_mamba2.py's test of the same name, for gdn_step and gdn_replay_step: with REPLAYSSM_PDL=1 a
+    layer's kernel may start while the one ahead (whose output is its v) still runs, reading its own cache before
+    and its inputs after waiting for that one; a chain of 2 or 6 layers over 3L tokens (folds included), eager and
+    in a CUDA graph, gives the same bits as plain launches, also with the fold-first order kernel forced."""
+    seed = torch.randint(0, 2**31 - 1, ()).item()
+    want_out, want_state = _gdn_pdl_chain(monkeypatch, kind, {"REPLAYSSM_PDL": "0"}, seed, graph, layers)
+    assert torch.isfinite(want_out.float()).all() and (want_out[:, -1] != 0).float().mean() > 0.9  # (no collapse to 0)
+    pdl = {"REPLAYSSM_PDL": "1"}
+    for env in [pdl] + ([dict(pdl, REPLAYSSM_TUNE="replay_fold_first=1")] if kind != "step" else []):
+        got_out, got_state = _gdn_pdl_chain(monkeypatch, kind, env, seed, graph, layers)
+        assert torch.equal(got_out, want_out), env
+        if kind == "step":
+            assert all(torch.equal(a, b) for a, b in zip(got_state, want_state)), env
+        else:
+            for a, b in zip(got_state, want_state):
+                assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), env

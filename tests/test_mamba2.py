@@ -482,3 +482,117 @@ def test_step_into_another_slot(device):
         with pytest.raises(ValueError, match="padding exactly"):
             replayssm.mamba2_step(moved, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], slot_ids=src,
                                   dst_slot_ids=torch.tensor([6, 3, 5], dtype=torch.int32), **layer.kwargs())
+
+
+
+def _pdl_chain(monkeypatch, kind, env, seed, graph=False, layers=6):
+    """`layers` Mamba-2 layers decoded back to back on one stream, each layer's output the next one's x and z (so
+    that each launch reads what the launch just ahead of it wrote), for 3L tokens: the outputs of every layer and token, and
+    the caches or state pools at the end, with the environment variables `env` set (REPLAYSSM_PDL=1: the steps launch
+    with programmatic dependent launch, common/cuda_utils.cuh). With `graph`, one token's launches are captured once (after a
+    warm-up on copies of the pools) and replayed, each token's inputs copied into the captured ones."""
+    gen = torch.Generator().manual_seed(seed)
+    H, P, N, G, batch, num_slots, L = 16, 64, 128, 2, 4, 6, 4
+    dev, act = "cuda", torch.bfloat16
+    slots = torch.randperm(num_slots, generator=gen)[:batch].to(dev, torch.int32)
+    params, pools = [], []
+    for _ in range(layers):
+        # (small D and C: with z the previous output too, a layer's output is ~ its input squared times these)
+        params.append(dict(A=-torch.rand(H, generator=gen).add(0.1).to(dev), D=(torch.randn(H, generator=gen) * 0.1).to(dev),
+                           dt_bias=(torch.randn(H, generator=gen) * 0.5).to(dev)))
+        init = torch.randn(num_slots, H, P, N, generator=gen) * 0.3
+        if kind == "step":
+            pools.append(init.to(dev))
+        else:
+            cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=act, device=dev,
+                                               output_view=torch.bfloat16 if kind == "view" else None)
+            cache.reset(torch.arange(num_slots, device=dev, dtype=torch.int32), init.to(dev))
+            pools.append(cache)
+    tokens = 3 * L
+    x0 = torch.randn(tokens, batch, H, P, generator=gen).to(dev, act)
+    dts = torch.randn(tokens, layers, batch, H, generator=gen).to(dev, act)
+    Bs = (torch.randn(tokens, layers, batch, G, N, generator=gen) / N**0.5).to(dev, act)
+    Cs = (torch.randn(tokens, layers, batch, G, N, generator=gen) * 0.5 / N**0.5).to(dev, act)
+    outs = torch.empty(tokens, layers, batch, H, P, dtype=act, device=dev)
+
+    def one_token(pools_, dt_t, B_t, C_t, x_in, out_t):
+        x = x_in
+        for i in range(layers):
+            args = (x, dt_t[i], params[i]["A"], B_t[i], C_t[i])
+            kw = dict(slot_ids=slots, D=params[i]["D"], z=x, dt_bias=params[i]["dt_bias"], dt_softplus=True, out=out_t[i])
+            if kind == "step":
+                replayssm.mamba2_step(pools_[i], *args, **kw)
+            else:
+                replayssm.mamba2_replay_step(pools_[i], *args, **kw)
+            x = out_t[i]
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    torch.cuda.synchronize()
+    if not graph:
+        for t in range(tokens):
+            one_token(pools, dts[t], Bs[t], Cs[t], x0[t], outs[t])
+    else:
+        st = dict(dt=dts[0].clone(), B=Bs[0].clone(), C=Cs[0].clone(), x=x0[0].clone(), out=torch.empty_like(outs[0]))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up outside the graph on copies of the pools
+            copies = [p.clone() if kind == "step" else clone_cache(p) for p in pools]
+            one_token(copies, st["dt"], st["B"], st["C"], st["x"], st["out"])
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            one_token(pools, st["dt"], st["B"], st["C"], st["x"], st["out"])
+        for t in range(tokens):
+            st["dt"].copy_(dts[t]), st["B"].copy_(Bs[t]), st["C"].copy_(Cs[t]), st["x"].copy_(x0[t])
+            g.replay()
+            outs[t].copy_(st["out"])
+    torch.cuda.synchronize()
+    for name in env:
+        monkeypatch.delenv(name)
+    state = [p if kind == "step" else {k: v for k, v in vars(p).items() if isinstance(v, torch.Tensor)} for p in pools]
+    return outs, state
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+@pytest.mark.parametrize("kind", ["step", "replay", "view"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("layers", [2, 6])
+def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
+    """With REPLAYSSM_PDL=1 the decode steps launch with programmatic dependent launch: a layer's kernel may
+    start while the one ahead of it (the previous layer, whose output is its x and z) still runs, and must read its
+    inputs only after that one has finished; its own cache it reads before (written two launches back with two
+    layers, the benchmark's case at large batches). A chain of 2 or 6 layers over 3L tokens (folds included), eager
+    and in a CUDA graph, gives the same bits as the plain launches, also with the fold-first order kernel forced
+    (the replay step then launches without PDL). (That a launch took the PDL path is not observable here; the
+    benchmark's pdl=1 timings show it.)"""
+    seed = torch.randint(0, 2**31 - 1, ()).item()
+    want_out, want_state = _pdl_chain(monkeypatch, kind, {"REPLAYSSM_PDL": "0"}, seed, graph, layers)
+    assert torch.isfinite(want_out.float()).all() and (want_out[:, -1] != 0).float().mean() > 0.9  # (no collapse to 0)
+    pdl = {"REPLAYSSM_PDL": "1"}
+    for env in [pdl] + ([dict(pdl, REPLAYSSM_TUNE="replay_fold_first=1")] if kind != "step" else []):
+        got_out, got_state = _pdl_chain(monkeypatch, kind, env, seed, graph, layers)
+        assert torch.equal(got_out, want_out), env
+        if kind == "step":
+            assert all(torch.equal(a, b) for a, b in zip(got_state, want_state)), env
+        else:
+            for a, b in zip(got_state, want_state):
+                assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), env
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+@pytest.mark.parametrize("value", ["2", "yes", "true"])
+def test_cuda_pdl_switch_takes_only_0_or_1(monkeypatch, value):
+    """REPLAYSSM_PDL is 0 or 1: any other value is an error that names it, never a silent choice of either."""
+    state = torch.zeros(2, 4, 8, 32, device="cuda")
+    x, B = torch.randn(1, 4, 8, device="cuda"), torch.randn(1, 2, 32, device="cuda")
+    dt, A, ids = torch.randn(1, 4, device="cuda"), -torch.ones(4, device="cuda"), torch.tensor([1], dtype=torch.int32, device="cuda")
+    monkeypatch.setenv("REPLAYSSM_PDL", value)
+    with pytest.raises((RuntimeError, ValueError), match="REPLAYSSM_PDL must be 0 or 1"):
+        replayssm.mamba2_step(state, x, dt, A, B, B, slot_ids=ids)
+    monkeypatch.setenv("REPLAYSSM_PDL", "1")
+    out = replayssm.mamba2_step(state, x, dt, A, B, B, slot_ids=ids)  # (and 1 is taken)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and state[1].abs().sum() > 0 and not state[0].any()

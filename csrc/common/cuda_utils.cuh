@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "dtype.h"
 
@@ -180,6 +181,67 @@ inline int tune_knob(const char* key) {
   for (size_t pos = all.find(pattern); pos != std::string::npos; pos = all.find(pattern, pos + 1))
     if (pos == 0 || all[pos - 1] == ',') return std::atoi(all.c_str() + pos + pattern.size());
   return -1;
+}
+
+// Programmatic dependent launch (PDL, Hopper; opt-in, see pdl_requested): a kernel launched with the attribute
+// below may start while the kernel before it on the stream is still running, once every block of that one has
+// passed pdl_trigger() (or exited). It must call pdl_wait() before it reads anything the kernel before it writes,
+// and before it writes anything that kernel may still read; pdl_wait() returns once that kernel has completed and
+// its writes are visible. Without the attribute (or on a device before sm_90) both are no-ops. The decode steps
+// read only their own cache (slot ids, cursor, checkpoint or state rows, the ring) before pdl_wait() and call
+// pdl_trigger() right after it. A kernel two back on the stream has then completed before this one starts when the
+// one just before is one of these steps (every block, pad rows' too, waits before triggering or exiting) or was
+// launched without PDL (it started after its predecessor completed, and triggers only by exiting). So with PDL the
+// cache and slot ids must not be written by the kernel just before (e.g. a slot reset, or the same layer's
+// previous step with nothing between), and that kernel must not be a foreign PDL kernel that triggers before its
+// own wait.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether the decode steps (mamba2_step, mamba2_replay_step, gdn_step, gdn_replay_step) launch with PDL: opt-in,
+// REPLAYSSM_PDL=1 in the environment (0 or unset: off; read at each launch, and a CUDA graph keeps what was in
+// force when it was captured). Valid only under the condition above: the kernel just before on the stream writes
+// neither this layer's cache nor the slot ids, as in a model, where other kernels run between two steps of one
+// layer (README, "Programmatic dependent launch"). REPLAYSSM_TUNE pdl=0|1 overrides it (the benchmarks' A/B).
+inline bool pdl_requested() {
+  const int knob = tune_knob("pdl");
+  if (knob >= 0) return knob > 0;
+  const char* env = std::getenv("REPLAYSSM_PDL");
+  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "0") == 0) return false;
+  if (std::strcmp(env, "1") == 0) return true;
+  throw std::invalid_argument(std::string("replayssm: REPLAYSSM_PDL must be 0 or 1, got '") + env + "'");
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when `pdl` (above).
+template <typename... KernelArgs, typename... Args>
+void launch_maybe_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                      const char* what, Args&&... args) {
+  if (!pdl) {
+    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    check_cuda(cudaGetLastError(), what);
+    return;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) cudaGetLastError();  // (clear it: the error is reported here, not by a later launch)
+  check_cuda(err, what);
 }
 
 // Runs BODY with the compile-time constant NAME bound to the state size VALUE (the sizes the CUDA

@@ -150,7 +150,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
   const int hv = blockIdx.y, b = blockIdx.z;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
-  if (slot == kPadSlot) return;
+  if (slot == kPadSlot) {  // (waits first with PDL: no block of a step triggers before the launch ahead is done)
+    pdl_wait();
+    return;
+  }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, lane_in_row = lane % kLanes, row_in_warp = lane / kLanes;
   const int row_begin = blockIdx.x * rows_per_block;
@@ -160,29 +163,36 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
   act_t* out = static_cast<act_t*>(p.out) + b * p.out_batch_stride + hv * p.out_head_stride;
   auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
   float s[kUnroll][kCols], vr[kUnroll];
-  auto load_rows = [&](int base) {  // every load of the kUnroll rows issued before any is used
+  auto load_rows = [&](int base, bool state, bool inputs) {  // every load of the kUnroll rows issued before any is used
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
       if (r < row_end) {
+        if (state) {
 #pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-          const state_t* ptr = S + int64_t(r) * p.state_row_stride + Layout::col(lane_in_row, v, 0);
-          if constexpr (kStreamHints) load16_stream(ptr, *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
-          else unpack16<state_t>(*reinterpret_cast<const uint4*>(ptr), *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
+          for (int v = 0; v < kVecs; ++v) {
+            const state_t* ptr = S + int64_t(r) * p.state_row_stride + Layout::col(lane_in_row, v, 0);
+            if constexpr (kStreamHints) load16_stream(ptr, *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
+            else unpack16<state_t>(*reinterpret_cast<const uint4*>(ptr), *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
+          }
         }
-        vr[u] = to_float(vin[r]);
+        if (inputs) vr[u] = to_float(vin[r]);
       }
     }
   };
-  load_rows(row_begin);  // the state needs only the slot: in flight while q, k, a and b arrive
+  // The state needs only the slot: in flight while q, k, a and b arrive. With PDL (common/cuda_utils.cuh) it is
+  // requested before the kernel ahead on the stream has finished; the token's inputs only after.
+  load_rows(row_begin, true, false);
+  pdl_wait();
+  pdl_trigger();
+  load_rows(row_begin, false, true);
 
   float kv[kCols], qv[kCols], g, beta;
   gdn_token_columns<act_t, kK, Layout>(p, b, hv, lane_in_row, kv, qv, g, beta);
   const float alpha = expf(g);
 
   for (int base = row_begin; base < row_end; base += Layout::kRowsPerIter) {
-    if (base != row_begin) load_rows(base);
+    if (base != row_begin) load_rows(base, true, true);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
@@ -281,9 +291,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const GdnReplayCacheParams& c = p.cache;
   const int b = p.row_order ? order_row(p.row_order[blockIdx.z]) : blockIdx.z, h = blockIdx.y;  // h: the key head (b: fold-first order)
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
-  if (slot == kPadSlot) return;
+  if (slot == kPadSlot) {  // (waits first with PDL: no block of a step triggers before the launch ahead is done)
+    pdl_wait();
+    return;
+  }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
-  const int w = c.cursor[slot];  // in flight while the first loads are issued
+  const int w = __ldcg(c.cursor + slot);  // in flight while the first loads are issued (L2: read before pdl_wait)
 
   const int ratio = p.nheads / p.nkheads, V = p.vdim, L = c.ring_len;
   const int row_begin = blockIdx.x * rows_per_block;
@@ -350,6 +363,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   };
 #pragma unroll
   for (int it = 0; it < kStages - 1; ++it) issue(it, it);
+
+  // With PDL (common/cuda_utils.cuh) the rows above (the slot's checkpoint or view) were requested before the kernel
+  // ahead on the stream had finished; this token's inputs are read, and anything written, only after it has.
+  pdl_wait();
+  pdl_trigger();
 
   // ---- Prologue: v_t and the ring into shared memory (one cp.async group), the token's q, k, g, beta.
   const act_t* v_t = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + int64_t(h) * ratio * p.v_head_stride;
@@ -1372,8 +1390,8 @@ void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream, const int max_
   rows = std::min(rows, p.vdim);
   const int chunks = (p.vdim + rows - 1) / rows;
   const dim3 grid(chunks, p.nheads, p.batch);
-  gdn_step_kernel<state_t, act_t, kK, kThreads, kUnroll, kLanes, kMinBlocks, kStreamHints><<<grid, kThreads, 0, stream>>>(p, rows);
-  check_cuda(cudaGetLastError(), "gdn_step kernel launch");
+  launch_maybe_pdl(gdn_step_kernel<state_t, act_t, kK, kThreads, kUnroll, kLanes, kMinBlocks, kStreamHints>, grid, kThreads, 0,
+                   stream, pdl_requested(), "gdn_step kernel launch", p, rows);
 }
 
 template <DType kState>
@@ -1508,8 +1526,10 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
                                  resident, view, stream);
   const dim3 grid(chunks, p.nkheads, p.batch);
-  kernel<<<grid, kThreads, smem, stream>>>(q, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring);
-  check_cuda(cudaGetLastError(), "gdn_replay_step kernel launch");
+  // PDL only without the order kernel just ahead (fold_first_order returns null when it launched none): the kernel
+  // reads its entry of the order before pdl_wait().
+  launch_maybe_pdl(kernel, grid, kThreads, smem, stream, pdl_requested() && q.row_order == nullptr, "gdn_replay_step kernel launch",
+                   q, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring);
 }
 
 template <DType kCkpt>

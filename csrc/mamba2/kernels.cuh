@@ -134,7 +134,10 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   using Layout = RowLayout<state_t, kN, kThreads, kUnroll>;
   const int b = blockIdx.z, h = blockIdx.y;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
-  if (slot == kPadSlot) return;
+  if (slot == kPadSlot) {  // (waits first with PDL: no block of a step triggers before the launch ahead is done)
+    pdl_wait();
+    return;
+  }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -150,21 +153,28 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   float s[kUnroll][Layout::kColsPerLane];
   float xv[kUnroll], zv[kUnroll];
   const act_t* z = static_cast<const act_t*>(p.z) + b * p.z_batch_stride + h * p.z_head_stride;
-  auto load_rows = [&](int base) {
+  auto load_rows = [&](int base, bool state, bool inputs) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
       if (r < row_end) {
-        if (p.z && lane_in_row == 0) zv[u] = to_float(z[r]);  // fetched with the row: the output never waits
+        if (inputs && p.z && lane_in_row == 0) zv[u] = to_float(z[r]);  // fetched with the row: the output never waits
+        if (state) {
 #pragma unroll
-        for (int v = 0; v < Layout::kVecsPerLane; ++v)
-          load16_stream(S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0),
-                        *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
-        xv[u] = to_float(x[r]);
+          for (int v = 0; v < Layout::kVecsPerLane; ++v)
+            load16_stream(S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0),
+                          *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+        }
+        if (inputs) xv[u] = to_float(x[r]);
       }
     }
   };
-  load_rows(row_begin);  // the state needs only the slot: in flight while dt, B and C arrive
+  // The state needs only the slot: in flight while dt, B and C arrive. With PDL (common/cuda_utils.cuh) it is
+  // requested before the kernel ahead on the stream has finished; the token's inputs only after.
+  load_rows(row_begin, true, false);
+  pdl_wait();
+  pdl_trigger();
+  load_rows(row_begin, false, true);
 
   const int g = h / (p.nheads / p.ngroups);
   const float dt = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
@@ -184,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   }
 
   for (int base = row_begin; base < row_end; base += Layout::kRowsPerIter) {
-    if (base != row_begin) load_rows(base);
+    if (base != row_begin) load_rows(base, true, true);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
@@ -224,8 +234,8 @@ void launch_mamba2_step(const Mamba2StepParams& p, cudaStream_t stream) {
   rows_per_block = (rows_per_block + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter;
   chunks = (p.headdim + rows_per_block - 1) / rows_per_block;
   const dim3 grid(chunks, p.nheads, p.batch);
-  mamba2_step_kernel<state_t, act_t, kN, kThreads, kUnroll><<<grid, kThreads, 0, stream>>>(p, rows_per_block);
-  check_cuda(cudaGetLastError(), "mamba2_step kernel launch");
+  launch_maybe_pdl(mamba2_step_kernel<state_t, act_t, kN, kThreads, kUnroll>, grid, kThreads, 0, stream, pdl_requested(),
+                   "mamba2_step kernel launch", p, rows_per_block);
 }
 
 template <DType kState>

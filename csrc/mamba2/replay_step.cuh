@@ -41,9 +41,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int order_entry = p.row_order ? p.row_order[blockIdx.z] : int(blockIdx.z);  // (the fold-first order)
   const int b = order_row(order_entry), g = blockIdx.y;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
-  if (slot == kPadSlot) return;
+  if (slot == kPadSlot) {  // (waits first with PDL: no block of a step triggers before the launch ahead is done)
+    pdl_wait();
+    return;
+  }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
-  const int w = c.cursor[slot];  // in flight while the first loads are issued
+  const int w = __ldcg(c.cursor + slot);  // in flight while the first loads are issued (L2: read before pdl_wait)
 
   const int heads_per_group = p.nheads / p.ngroups;
   const int L = c.ring_len;
@@ -149,6 +152,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
     for (int it = 0; it < kStages - 1; ++it) issue(it, it);
   }
+
+  // With PDL (common/cuda_utils.cuh) the rows above (the slot's checkpoint or view) were requested before the kernel
+  // ahead on the stream had finished; this token's inputs are read, and anything written, only after it has.
+  pdl_wait();
+  pdl_trigger();
 
   // ---- Prologue: this token's inputs and the ring into shared memory (one cp.async group).
   const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + int64_t(g) * heads_per_group * p.x_head_stride;
@@ -662,7 +670,10 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)),
                "mamba2_replay_step shared memory");
   const dim3 grid(chunks, p.ngroups, p.batch);
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(q, rows_per_block, heads_for(rows_per_block), io_vec, prefetch_ring);
-  check_cuda(cudaGetLastError(), "mamba2_replay_step kernel launch");
+  // PDL only without the order kernel just ahead (fold_first_order returns null when it launched none): the kernel
+  // reads its entry of the order before pdl_wait().
+  const bool pdl = pdl_requested() && q.row_order == nullptr;
+  launch_maybe_pdl(kernel, grid, kThreads, smem_bytes, stream, pdl, "mamba2_replay_step kernel launch", q, rows_per_block,
+                   heads_for(rows_per_block), io_vec, prefetch_ring);
 }
 
