@@ -8,6 +8,7 @@
 # stalls: where that launch's warps were sampled, per SASS instruction (bench/ncu_top_stalls.py), and its ncu
 # sections; PROFILE_KERNEL (regex), PROFILE_CMD (the program launching it), PROFILE_SKIP, PROFILE_TAG choose another;
 # PROFILE_CACHE=none keeps the caches warm (ncu's default, all, flushes them before the launch: a cold instruction cache);
+# its top-stall listing comes back as $OUT/stalls<TAG>_top.txt, and with PROFILE_SRC=1 the source-correlated samples;
 # profiles: stalls of the view replay step, GDN verify and Mamba-2 verify at batch 256 (not yet timed: run it alone);
 # spec: speculative verify+commit vs the per-position baseline (issue 3); gdn: the GDN decode steps (issue 4);
 # spectune, gdntune: spec, gdn plus the kernels' alternative launch configurations; gdnspec: GDN verify+commit
@@ -55,7 +56,11 @@ stalls() {  # stalls TAG KERNEL_REGEX SKIP CMD: ncu sections of one launch, and 
       --section SourceCounters --section WarpStateStats --import-source yes -f -o /tmp/rssm_stalls$1 $4 > /dev/null && \
       ncu -i /tmp/rssm_stalls$1.ncu-rep > $OUT/stalls$1_sections.txt && \
       ncu -i /tmp/rssm_stalls$1.ncu-rep --page source --csv --print-source sass > /tmp/stalls$1.csv && \
-      python3 bench/ncu_top_stalls.py /tmp/stalls$1.csv"  # (the CSV stays on the machine: a run returns 8 files at most)
+      python3 bench/ncu_top_stalls.py /tmp/stalls$1.csv | tee $OUT/stalls$1_top.txt && \
+      { [ -z \"${PROFILE_SRC:-}\" ] || ncu -i /tmp/rssm_stalls$1.ncu-rep --page source --csv --print-source cuda,sass | \
+        gzip > $OUT/stalls$1_src.csv.gz || true; }"
+  # (PROFILE_SRC=1 also returns _src.csv.gz: the samples per SASS line with the CUDA source lines they come from (the
+  # build has -lineinfo), for mapping the time to the source on the CPU machine. A run returns 8 files at most.)
 }
 for step in $STEPS; do
   case $step in
