@@ -1,4 +1,6 @@
-"""Random inputs as trained Mamba-2 layers see them, and error measures with dtype-keyed tolerances."""
+"""Random inputs as trained Mamba-2 layers see them, error measures with dtype-keyed tolerances, and a decoding
+loop run eagerly or in a CUDA graph."""
+import dataclasses
 import math
 
 import torch
@@ -52,3 +54,38 @@ class Layer:
         cpu = lambda t: None if t is None else t.cpu()
         dt = R.process_dt(tok["dt"], cpu(self.dt_bias), self.dt_softplus)
         return R.mamba2_step(state64, tok["x"], dt, cpu(self.A), tok["B"], tok["C"], cpu(self.D), tok["z"])
+
+
+def run_chain(monkeypatch, env, one_token, pools, inputs, outs, graph):
+    """Decodes outs.shape[0] tokens with one_token(pools, *inputs_t, out_t) (inputs: tensors with a leading token axis;
+    pools: state tensors or caches, which it updates), with the environment variables `env` set. With `graph`, one
+    token's launches are captured once in a CUDA graph (after a warm-up on copies of the pools, on a side stream) and
+    replayed, each token's inputs copied into the captured ones. Returns the pools' tensors at the end (a cache as a
+    dict of its tensors)."""
+    tensors = lambda p: {k: v for k, v in vars(p).items() if isinstance(v, torch.Tensor)}
+    clone = lambda p: p.clone() if isinstance(p, torch.Tensor) else dataclasses.replace(p, **{k: v.clone() for k, v in tensors(p).items()})
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    torch.cuda.synchronize()
+    if not graph:
+        for t in range(outs.shape[0]):
+            one_token(pools, *(x[t] for x in inputs), outs[t])
+    else:
+        static, out = [x[0].clone() for x in inputs], torch.empty_like(outs[0])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            one_token([clone(p) for p in pools], *static, out)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            one_token(pools, *static, out)
+        for t in range(outs.shape[0]):
+            for dst, x in zip(static, inputs):
+                dst.copy_(x[t])
+            g.replay()
+            outs[t].copy_(out)
+    torch.cuda.synchronize()
+    for name in env:
+        monkeypatch.delenv(name)
+    return [p if isinstance(p, torch.Tensor) else tensors(p) for p in pools]

@@ -10,7 +10,7 @@ import replayssm
 from replayssm import PAD_SLOT, GdnReplayCache
 from replayssm import reference as R
 
-from helpers import DTYPES, UNIT_ROUNDOFF, rel_err, tolerance
+from helpers import DTYPES, UNIT_ROUNDOFF, rel_err, run_chain, tolerance
 
 
 def make_gen():
@@ -512,32 +512,7 @@ def _gdn_pdl_chain(monkeypatch, kind, env, seed, graph, layers):
             (replayssm.gdn_step if kind == "step" else replayssm.gdn_replay_step)(pools_[i], *args, **kw)
             v = out_t[i]
 
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    torch.cuda.synchronize()
-    if not graph:
-        for t in range(tokens):
-            one_token(pools, qs[t], ks[t], gates[t], v0[t], outs[t])
-    else:
-        st = dict(q=qs[0].clone(), k=ks[0].clone(), g=gates[0].clone(), v=v0[0].clone(), out=torch.empty_like(outs[0]))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up outside the graph on copies of the pools
-            copies = [p.clone() if kind == "step" else dataclasses.replace(p, **{f: getattr(p, f).clone() for f in
-                      vars(p) if isinstance(getattr(p, f), torch.Tensor)}) for p in pools]
-            one_token(copies, st["q"], st["k"], st["g"], st["v"], st["out"])
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            one_token(pools, st["q"], st["k"], st["g"], st["v"], st["out"])
-        for t in range(tokens):
-            st["q"].copy_(qs[t]), st["k"].copy_(ks[t]), st["g"].copy_(gates[t]), st["v"].copy_(v0[t])
-            g.replay()
-            outs[t].copy_(st["out"])
-    torch.cuda.synchronize()
-    for name in env:
-        monkeypatch.delenv(name)
-    state = [p if kind == "step" else {k: v for k, v in vars(p).items() if isinstance(v, torch.Tensor)} for p in pools]
+    state = run_chain(monkeypatch, env, one_token, pools, [qs, ks, gates, v0], outs, graph)
     return outs, state
 
 

@@ -12,7 +12,7 @@ from replayssm import PAD_SLOT, Mamba2ReplayCache
 from replayssm import reference as R
 
 from conftest import HAS_CUDA
-from helpers import DTYPES, UNIT_ROUNDOFF, Layer, rel_err, tolerance
+from helpers import DTYPES, UNIT_ROUNDOFF, Layer, rel_err, run_chain, tolerance
 
 
 def clone_cache(cache):
@@ -526,31 +526,7 @@ def _pdl_chain(monkeypatch, kind, env, seed, graph=False, layers=6):
                 replayssm.mamba2_replay_step(pools_[i], *args, **kw)
             x = out_t[i]
 
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    torch.cuda.synchronize()
-    if not graph:
-        for t in range(tokens):
-            one_token(pools, dts[t], Bs[t], Cs[t], x0[t], outs[t])
-    else:
-        st = dict(dt=dts[0].clone(), B=Bs[0].clone(), C=Cs[0].clone(), x=x0[0].clone(), out=torch.empty_like(outs[0]))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up outside the graph on copies of the pools
-            copies = [p.clone() if kind == "step" else clone_cache(p) for p in pools]
-            one_token(copies, st["dt"], st["B"], st["C"], st["x"], st["out"])
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            one_token(pools, st["dt"], st["B"], st["C"], st["x"], st["out"])
-        for t in range(tokens):
-            st["dt"].copy_(dts[t]), st["B"].copy_(Bs[t]), st["C"].copy_(Cs[t]), st["x"].copy_(x0[t])
-            g.replay()
-            outs[t].copy_(st["out"])
-    torch.cuda.synchronize()
-    for name in env:
-        monkeypatch.delenv(name)
-    state = [p if kind == "step" else {k: v for k, v in vars(p).items() if isinstance(v, torch.Tensor)} for p in pools]
+    state = run_chain(monkeypatch, env, one_token, pools, [dts, Bs, Cs, x0], outs, graph)
     return outs, state
 
 
