@@ -89,3 +89,19 @@ def run_chain(monkeypatch, env, one_token, pools, inputs, outs, graph):
     for name in env:
         monkeypatch.delenv(name)
     return [p if isinstance(p, torch.Tensor) else tensors(p) for p in pools]
+
+
+def assert_chains_agree(chain, envs):
+    """chain(env) -> (outputs, the pools' tensors as run_chain returns them) of one decoding run with the environment
+    variables env: the run of envs[0] (finite outputs that do not collapse to 0) against that of each other env, bit
+    for bit, outputs and pools."""
+    want_out, want_state = chain(envs[0])
+    assert torch.isfinite(want_out.float()).all() and (want_out[:, -1] != 0).float().mean() > 0.9  # (no collapse to 0)
+    for env in envs[1:]:
+        got_out, got_state = chain(env)
+        assert torch.equal(got_out, want_out), env
+        for a, b in zip(got_state, want_state):
+            if isinstance(a, torch.Tensor):
+                assert torch.equal(a, b), env
+            else:
+                assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), env
