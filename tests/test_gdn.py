@@ -528,5 +528,7 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
     in a CUDA graph, gives the same bits as plain launches, also with the fold-first order kernel forced."""
     seed = torch.randint(0, 2**31 - 1, ()).item()
     pdl = {"REPLAYSSM_PDL": "1"}
-    envs = [{"REPLAYSSM_PDL": "0"}, pdl] + ([dict(pdl, REPLAYSSM_TUNE="replay_fold_first=1")] if kind != "step" else [])
+    extra = ([dict(pdl, REPLAYSSM_TUNE=t) for t in ("replay_fold_first=1", "pdl_ring_ahead=0", "gdn_replay_prefetch=0")] if kind != "step"
+             else [])
+    envs = [{"REPLAYSSM_PDL": "0"}, pdl] + extra
     assert_chains_agree(lambda env: _gdn_pdl_chain(monkeypatch, kind, env, seed, graph, layers), envs)

@@ -545,7 +545,9 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
     benchmark's pdl=1 timings show it.)"""
     seed = torch.randint(0, 2**31 - 1, ()).item()
     pdl = {"REPLAYSSM_PDL": "1"}
-    envs = [{"REPLAYSSM_PDL": "0"}, pdl] + ([dict(pdl, REPLAYSSM_TUNE="replay_fold_first=1")] if kind != "step" else [])
+    extra = ([dict(pdl, REPLAYSSM_TUNE=t) for t in ("replay_fold_first=1", "pdl_ring_ahead=0", "replay_prefetch=0")] if kind != "step"
+             else [{"REPLAYSSM_TUNE": "step_split_loads=1"}])
+    envs = [{"REPLAYSSM_PDL": "0"}, pdl] + extra
     assert_chains_agree(lambda env: _pdl_chain(monkeypatch, kind, env, seed, graph, layers), envs)
 
 
@@ -561,6 +563,9 @@ def test_cuda_pdl_switch_takes_only_0_or_1(monkeypatch, value):
     with pytest.raises((RuntimeError, ValueError), match="REPLAYSSM_PDL must be 0 or 1"):
         replayssm.mamba2_step(state, x, dt, A, B, B, slot_ids=ids)
     monkeypatch.setenv("REPLAYSSM_PDL", "1")
+    # (The inputs were just made on this stream; with PDL a step reads the slot ids before it waits for the work ahead
+    # of it, so that work must be done: the condition of README, "Programmatic dependent launch".)
+    torch.cuda.synchronize()
     out = replayssm.mamba2_step(state, x, dt, A, B, B, slot_ids=ids)  # (and 1 is taken)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and state[1].abs().sum() > 0 and not state[0].any()

@@ -280,7 +280,7 @@ template <typename ckpt_t, typename src_t, typename act_t, int kK, int kThreads,
           bool kFoldPair = false, bool kLean = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gdn_replay_step_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
-                           const bool vec_k, const bool vec_v, const bool prefetch_ring) {
+                           const bool vec_k, const bool vec_v, const bool prefetch_ring, const bool ring_ahead) {
   constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
   static_assert(!kView || std::is_same_v<ckpt_t, float>, "the output view is of an fp32 checkpoint");
   constexpr bool kNarrow = !std::is_same_v<ckpt_t, float>;  // a 16-bit checkpoint (stochastic rounding possible)
@@ -364,27 +364,39 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
   for (int it = 0; it < kStages - 1; ++it) issue(it, it);
 
-  // With PDL (common/cuda_utils.cuh) the rows above (the slot's checkpoint or view) were requested before the kernel
-  // ahead on the stream had finished; this token's inputs are read, and anything written, only after it has.
-  pdl_wait();
-  pdl_trigger();
-
   // ---- Prologue: v_t and the ring into shared memory (one cp.async group), the token's q, k, g, beta.
-  const act_t* v_t = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + int64_t(h) * ratio * p.v_head_stride;
-  copy_head_rows<act_t, kThreads>(vt, 0, v_t, 0, p.v_head_stride, V, row_begin, nrows, 1, vec_v);
   const float* ring_u = c.ring_u + slot * c.ring_u_slot_stride + int64_t(h) * ratio * c.ring_u_head_stride;
   const float* ring_k = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;
   const float* ring_g = c.ring_g + slot * c.ring_g_slot_stride + hv0;
-  auto load_ring = [&](int nj) {  // ring positions 0..nj-1
+  auto load_ring = [&](int nj, bool async_g) {  // ring positions 0..nj-1
     copy_head_rows<float, kThreads>(ru, ts, ring_u, c.ring_u_pos_stride, c.ring_u_head_stride, V, row_begin, nrows, nj, vec_u);
     copy_head_rows<float, kThreads>(rk, kK, ring_k, c.ring_k_pos_stride, 0, kK, 0, kK, nj, vec_k,
                                     [](int n) { return Layout::tile_pos(n); });  // (the fold's axpy_tile reads it)
     for (int idx = threadIdx.x; idx < nheads_block * nj; idx += kThreads) {
       const int hl = idx / nj, j = idx % nj;
-      gs[hl * L + j] = ring_g[j * c.ring_g_pos_stride + hl];
+      if (async_g)
+        cp_async4(&gs[hl * L + j], &ring_g[j * c.ring_g_pos_stride + hl]);
+      else
+        gs[hl * L + j] = ring_g[j * c.ring_g_pos_stride + hl];
     }
   };
-  if (prefetch_ring) load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
+  // ring_ahead (with PDL): the ring is this cache's, written by this layer's previous step, so it is requested
+  // before the wait too, behind the row stages (the g entries by cp.async: a plain load would hold the thread; .ca,
+  // through L1, as the step's state loads before its wait: the writes were complete before this launch began).
+  if (ring_ahead) {
+    RSSM_DEVICE_CHECK(w >= 0 && w < L, "gdn_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+    load_ring(prefetch_ring ? L - 1 : w, true);
+  }
+
+  // With PDL (common/cuda_utils.cuh) the rows above (the slot's checkpoint or view, and with ring_ahead the ring) were
+  // requested before the kernel ahead on the stream had finished; this token's inputs are read, and anything
+  // written, only after it has.
+  pdl_wait();
+  pdl_trigger();
+
+  const act_t* v_t = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + int64_t(h) * ratio * p.v_head_stride;
+  copy_head_rows<act_t, kThreads>(vt, 0, v_t, 0, p.v_head_stride, V, row_begin, nrows, 1, vec_v);
+  if (prefetch_ring && !ring_ahead) load_ring(L - 1, false);  // before the cursor is known: one dependent trip fewer
   {  // warp 0 normalises q, warp 1 k (warp_sum_squares: the bits every GDN kernel forms); a thread per value head g, beta
     const act_t* q = static_cast<const act_t*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
     const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + h * p.k_head_stride;
@@ -407,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "gdn_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-  if (!prefetch_ring) load_ring(w);
+  if (!prefetch_ring && !ring_ahead) load_ring(w, false);
   cp_async_commit();
   // The fold count (stochastic rounding's Philox counter): read, and the load consumed, before the block counts in,
   // since the slot's last block increments it. (Only stochastic rounding uses it in the row loop; the increment
@@ -1528,8 +1540,10 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   const dim3 grid(chunks, p.nkheads, p.batch);
   // PDL only without the order kernel just ahead (fold_first_order returns null when it launched none): the kernel
   // reads its entry of the order before pdl_wait().
-  launch_maybe_pdl(kernel, grid, kThreads, smem, stream, pdl_requested() && q.row_order == nullptr, "gdn_replay_step kernel launch",
-                   q, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring);
+  // With PDL the ring is requested before the wait too (REPLAYSSM_TUNE pdl_ring_ahead=0: after it, as without PDL).
+  const bool pdl = pdl_requested() && q.row_order == nullptr, ring_ahead = pdl && tune_knob("pdl_ring_ahead") != 0;
+  launch_maybe_pdl(kernel, grid, kThreads, smem, stream, pdl, "gdn_replay_step kernel launch", q, rows_per_block,
+                   heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring, ring_ahead);
 }
 
 template <DType kCkpt>

@@ -30,7 +30,7 @@ template <typename ckpt_t, typename src_t, typename act_t, int kN, int kThreads,
           bool kWide = false, int kMinBlocks = 3>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     mamba2_replay_step_kernel_v10(const Mamba2ReplayStepParams p, const int rows_per_block, const int max_heads,
-                              const bool io_vec, const bool prefetch_ring) {
+                              const bool io_vec, const bool prefetch_ring, const bool ring_ahead) {
   constexpr bool kView = !std::is_same_v<src_t, ckpt_t>;
   static_assert(!kView || std::is_same_v<ckpt_t, float>, "the output view is of an fp32 checkpoint");
   using Layout = RowLayout<src_t, kN, kThreads, 1, ReplayLanes<src_t, kN>::value>;
@@ -153,32 +153,44 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     for (int it = 0; it < kStages - 1; ++it) issue(it, it);
   }
 
-  // With PDL (common/cuda_utils.cuh) the rows above (the slot's checkpoint or view) were requested before the kernel
-  // ahead on the stream had finished; this token's inputs are read, and anything written, only after it has.
+  // ---- Prologue: this token's inputs and the ring into shared memory (one cp.async group).
+  const act_t* ring_x =
+      static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + int64_t(g) * heads_per_group * c.ring_x_head_stride;
+  const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
+  const float* ring_dt = c.ring_dt + slot * c.ring_dt_slot_stride + h0;
+  auto load_ring = [&](int nj, bool async_dt) {  // ring positions 0..nj-1
+    copy_head_rows<act_t, kThreads>(xs, ts, ring_x, c.ring_x_pos_stride, c.ring_x_head_stride, p.headdim, row_begin, nrows, nj,
+                                    io_vec);
+    copy_head_rows<act_t, kThreads>(Bring, kN, ring_B, c.ring_B_pos_stride, 0, kN, 0, kN, nj, io_vec);
+    for (int idx = threadIdx.x; idx < nheads_block * nj; idx += kThreads) {
+      const int hl = idx / nj, j = idx % nj;
+      if (async_dt)
+        cp_async4(&dts[hl * L + j], &ring_dt[j * c.ring_dt_pos_stride + hl]);
+      else
+        dts[hl * L + j] = ring_dt[j * c.ring_dt_pos_stride + hl];
+    }
+  };
+  // ring_ahead (with PDL): the ring is this cache's, written by this layer's previous step, so it is requested
+  // before the wait too, behind the row stages (the dt entries by cp.async: a plain load would hold the thread; .ca,
+  // through L1, as the step's state loads before its wait: the writes were complete before this launch began).
+  if (ring_ahead) {
+    RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+    load_ring(prefetch_ring ? L - 1 : w, true);
+  }
+
+  // With PDL (common/cuda_utils.cuh) the rows above (the slot's checkpoint or view, and with ring_ahead the ring) were
+  // requested before the kernel ahead on the stream had finished; this token's inputs are read, and anything
+  // written, only after it has.
   pdl_wait();
   pdl_trigger();
 
-  // ---- Prologue: this token's inputs and the ring into shared memory (one cp.async group).
   const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + int64_t(g) * heads_per_group * p.x_head_stride;
   copy_head_rows<act_t, kThreads>(xt_s, 0, x_t, 0, p.x_head_stride, p.headdim, row_begin, nrows, 1, io_vec);
   if (p.z) {
     const act_t* z_t = static_cast<const act_t*>(p.z) + b * p.z_batch_stride + int64_t(g) * heads_per_group * p.z_head_stride;
     copy_head_rows<act_t, kThreads>(zs, 0, z_t, 0, p.z_head_stride, p.headdim, row_begin, nrows, 1, io_vec);
   }
-  const act_t* ring_x =
-      static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + int64_t(g) * heads_per_group * c.ring_x_head_stride;
-  const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
-  const float* ring_dt = c.ring_dt + slot * c.ring_dt_slot_stride + h0;
-  auto load_ring = [&](int nj) {  // ring positions 0..nj-1
-    copy_head_rows<act_t, kThreads>(xs, ts, ring_x, c.ring_x_pos_stride, c.ring_x_head_stride, p.headdim, row_begin, nrows, nj,
-                                    io_vec);
-    copy_head_rows<act_t, kThreads>(Bring, kN, ring_B, c.ring_B_pos_stride, 0, kN, 0, kN, nj, io_vec);
-    for (int idx = threadIdx.x; idx < nheads_block * nj; idx += kThreads) {
-      const int hl = idx / nj, j = idx % nj;
-      dts[hl * L + j] = ring_dt[j * c.ring_dt_pos_stride + hl];
-    }
-  };
-  if (prefetch_ring) load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
+  if (prefetch_ring && !ring_ahead) load_ring(L - 1, false);  // before the cursor is known: one dependent trip fewer
   {
     const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
     const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
@@ -194,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-  if (!prefetch_ring) load_ring(w);
+  if (!prefetch_ring && !ring_ahead) load_ring(w, false);
   cp_async_commit();
   // The fold count (stochastic rounding's Philox counter): read, and waited for, before the block counts in,
   // since the slot's last block increments it.
@@ -672,8 +684,9 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   const dim3 grid(chunks, p.ngroups, p.batch);
   // PDL only without the order kernel just ahead (fold_first_order returns null when it launched none): the kernel
   // reads its entry of the order before pdl_wait().
-  const bool pdl = pdl_requested() && q.row_order == nullptr;
+  // With PDL the ring is requested before the wait too (REPLAYSSM_TUNE pdl_ring_ahead=0: after it, as without PDL).
+  const bool pdl = pdl_requested() && q.row_order == nullptr, ring_ahead = pdl && tune_knob("pdl_ring_ahead") != 0;
   launch_maybe_pdl(kernel, grid, kThreads, smem_bytes, stream, pdl, "mamba2_replay_step kernel launch", q, rows_per_block,
-                   heads_for(rows_per_block), io_vec, prefetch_ring);
+                   heads_for(rows_per_block), io_vec, prefetch_ring, ring_ahead);
 }
 
