@@ -558,14 +558,13 @@ def test_cuda_pdl_switch_takes_only_0_or_1(monkeypatch, value):
     """REPLAYSSM_PDL is 0 or 1: any other value is an error that names it, never a silent choice of either."""
     state = torch.zeros(2, 4, 8, 32, device="cuda")
     x, B = torch.randn(1, 4, 8, device="cuda"), torch.randn(1, 2, 32, device="cuda")
-    dt, A, ids = torch.randn(1, 4, device="cuda"), -torch.ones(4, device="cuda"), torch.tensor([1], dtype=torch.int32, device="cuda")
+    # (dt > 0: the default dt limit clamps at 0, so a normal draw left every head without an update 1 time in 16)
+    dt, A = torch.rand(1, 4, device="cuda") + 0.1, -torch.ones(4, device="cuda")
+    ids = torch.tensor([1], dtype=torch.int32, device="cuda")
     monkeypatch.setenv("REPLAYSSM_PDL", value)
     with pytest.raises((RuntimeError, ValueError), match="REPLAYSSM_PDL must be 0 or 1"):
         replayssm.mamba2_step(state, x, dt, A, B, B, slot_ids=ids)
     monkeypatch.setenv("REPLAYSSM_PDL", "1")
-    # (The inputs were just made on this stream; with PDL a step reads the slot ids before it waits for the work ahead
-    # of it, so that work must be done: the condition of README, "Programmatic dependent launch".)
-    torch.cuda.synchronize()
     out = replayssm.mamba2_step(state, x, dt, A, B, B, slot_ids=ids)  # (and 1 is taken)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and state[1].abs().sum() > 0 and not state[0].any()
