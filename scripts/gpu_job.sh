@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One job on the H200 machine: build for sm_90a, run the tests (CUDA ones included), the demo, the benchmark
 # and the ncu byte check; logs and JSON results go to ${OUT:-gpu_out}. Usage: scripts/gpu_job.sh [steps...]
-# with steps from: build test sanitize racecheck demo bench tune ncu profile stalls profiles spec spectune specview gdn gdntune
+# with steps from: build test sanitize racecheck demo bench tune ncu profile stalls profiles batch1 spec spectune specview gdn gdntune
 # gdnspec variants
 # (default: build test demo bench ncu). specview: verify on caches with the bf16 output view (issue 5).
 # tune: the benchmark plus alternative launch configurations; profile: ncu sections of one replay launch;
@@ -10,6 +10,7 @@
 # PROFILE_CACHE=none keeps the caches warm (ncu's default, all, flushes them before the launch: a cold instruction cache);
 # its top-stall listing comes back as $OUT/stalls<TAG>_top.txt, and with PROFILE_SRC=1 the source-correlated samples;
 # profiles: stalls of the view replay step, GDN verify and Mamba-2 verify at batch 256 (not yet timed: run it alone);
+# batch1: stalls of the Mamba-2 replay step and step at batch 1, source-correlated;
 # spec: speculative verify+commit vs the per-position baseline (issue 3); gdn: the GDN decode steps (issue 4);
 # spectune, gdntune: spec, gdn plus the kernels' alternative launch configurations; gdnspec: GDN verify+commit
 # vs its per-position baseline, with other rows per verify block.
@@ -74,6 +75,11 @@ for step in $STEPS; do
     ncu) run ncu python3 bench/ncu_bytes.py --out "$OUT/ncu_bytes.json" ;;
     stalls) stalls "${PROFILE_TAG:-}" "${PROFILE_KERNEL:-mamba2_replay_step_kernel}" "${PROFILE_SKIP:-2}" \
         "${PROFILE_CMD:-python3 bench/ncu_bytes.py --child --batch ${PROFILE_BATCH:-256}}" ;;
+    batch1)  # where batch 1's time goes: the replay step (cursors at 8, the 3rd launch: w = 10) and the step, with
+      # their samples mapped to source lines (PROFILE_SRC); session 19's plan (bench/NOTES.md, "Next session")
+      export PROFILE_SRC=1
+      stalls _r1 mamba2_replay_step 2 "python3 bench/ncu_bytes.py --child --batch 1 --cursor 8 --no-standard"
+      stalls _s1 mamba2_step_kernel 2 "python3 bench/ncu_bytes.py --child --batch 1" ;;
     profiles)  # the three kernels session 5 left unprofiled (bench/NOTES.md, "Next session"), batch 256
       stalls _view replay_step 8 "python3 bench/ncu_bytes.py --child --view --batch 256"
       stalls _gdnverify gdn_replay_verify 2 "python3 bench/bench_gdn_speculative.py --batches 256 --T 4 --rates 0.5 --out /tmp/p.json"
