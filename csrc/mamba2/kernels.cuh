@@ -173,7 +173,8 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   // The state needs only the slot: in flight while dt, B and C arrive. With PDL (split_loads; common/cuda_utils.cuh)
   // it is requested before the kernel ahead on the stream has finished, the token's inputs only after. Without it
   // each row's input loads go with its state loads, and no wait (a compiler barrier even where it is a no-op) orders
-  // the code: at batch 1 the split order measured 5.9-6.0 us against 5.6 before it (sessions 17-18).
+  // the code: at batch 1 the split order measured 5.93 us against 5.45 without it in one run (REPLAYSSM_TUNE
+  // step_split_loads=1; bench/results/session19/mamba2_tune_x_call1.json).
   if (split_loads) {
     load_rows(row_begin, true, false);
     pdl_wait();
