@@ -175,7 +175,7 @@ def split_matches_cpu(mode, N, act_dtype, H=8, P=32, G=2):
     kw = dict(output_view=torch.bfloat16) if mode == "view" else dict(checkpoint_dtype=torch.bfloat16,
                                                                       rounding="stochastic", seed=11)
     init = torch.randn(2, H, P, N, generator=make_gen())
-    caches, outs = {}, {}
+    caches, outs, history = {}, {}, []
     for key, device in (("cpu", "cpu"), ("cuda", "cuda"), ("cuda again", "cuda")):
         layer = Layer(H, P, G, N, device, torch.Generator().manual_seed(seed))
         cache = Mamba2ReplayCache.allocate(2, H, P, G, N, ring_len=L, act_dtype=act_dtype, device=device, **kw)
@@ -187,6 +187,8 @@ def split_matches_cpu(mode, N, act_dtype, H=8, P=32, G=2):
             tok = layer.token(2, act_dtype, gen)
             y.append(replayssm.mamba2_replay_step(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"],
                                                   slot_ids=ids, **layer.kwargs()).cpu())
+            if key == "cpu":
+                history.append(cache.checkpoint.float().abs())
         caches[key], outs[key] = cache, torch.stack(y)
     cpu, gpu, again = caches["cpu"], caches["cuda"], caches["cuda again"]
     assert torch.equal(outs["cuda"], outs["cuda again"]) and torch.equal(gpu.checkpoint, again.checkpoint)
@@ -201,9 +203,10 @@ def split_matches_cpu(mode, N, act_dtype, H=8, P=32, G=2):
         assert same.float().mean() > 0.99, same.float().mean()
         # A rounding that went the other way moves an element by one unit of the last place at that fold; later
         # folds carry the difference on (decaying): so at most one unit per fold, of the element's largest
-        # magnitude (its initial value or its final one).
+        # magnitude over its history (an intermediate checkpoint may exceed both the initial and the final value:
+        # session 20 saw a trial reach exactly 3 units of the larger of those two, at this bound's edge).
         diff = (gpu.checkpoint.cpu().float() - cpu.checkpoint.float()).abs()
-        scale = torch.maximum(init.abs(), cpu.checkpoint.float().abs())
+        scale = torch.stack([init.abs()] + history).amax(0)
         assert (diff[~same] <= (steps // L + 0.01) * ulp(scale[~same], torch.bfloat16)).all()
 
 
