@@ -88,6 +88,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   float* wdt = reinterpret_cast<float*>(smem_raw + off.wdt);
   float* decay = reinterpret_cast<float*>(smem_raw + off.decay);
   float* Ds = reinterpret_cast<float*>(smem_raw + off.Ds);
+  float* As = reinterpret_cast<float*>(smem_raw + off.As);
   float* bc = reinterpret_cast<float*>(smem_raw + off.bc);
   const int ts = off.tile_stride;
 
@@ -203,6 +204,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       dtt[hl] = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
                            p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
       Ds[hl] = p.D ? p.D[h] : 0.f;
+      As[hl] = p.A[h];  // (here, beside the inputs: read where the decays use it, after the barrier, it was a round trip of its own)
     }
   }
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
@@ -248,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
       const int hl = idx / (w + 1), j = idx % (w + 1);
       auto dt_at = [&](int k) { return k < w ? dts[hl * L + k] : dtt[hl]; };
-      const float A = p.A[h0 + hl];
+      const float A = As[hl];
       float suffix = 0.f;
       for (int k = w; k > j; --k) suffix += dt_at(k);
       wdt[hl * L + j] = expf(A * suffix) * dt_at(j);
@@ -265,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       const int hl = threadIdx.x;
       auto dt_at = [&](int j) { return j < w ? dts[hl * L + j] : dtt[hl]; };
       float* w_row = wdt + hl * L;
-      decay[hl] = replay_decays(dt_at, w, p.A[h0 + hl], w_row);
+      decay[hl] = replay_decays(dt_at, w, As[hl], w_row);
       for (int j = 0; j <= w; ++j) w_row[j] *= dt_at(j);
     }
   }

@@ -31,7 +31,7 @@ namespace replayssm {
 
 struct VerifySmem {  // byte offsets, each section 16-byte aligned
   int ts;             // elements per row tile (rows of the block, padded to 8, plus 8: ring rows on other banks)
-  int staging, Craw, Bnew, Bold, Cf, dtold, dtnew, xold, xnew, znew, wf, decf, bc, W, deck, Ds, yr, flag, total;
+  int staging, Craw, Bnew, Bold, Cf, dtold, dtnew, xold, xnew, znew, wf, decf, bc, W, deck, Ds, As, yr, flag, total;
   __host__ __device__ VerifySmem(int staging_bytes, int act_bytes, int rows, int dstate, int ring_len, int T, int heads) {
     auto up = [](int v) { return (v + 15) / 16 * 16; };
     ts = (rows + 7) / 8 * 8 + 8;
@@ -52,6 +52,7 @@ struct VerifySmem {  // byte offsets, each section 16-byte aligned
     W = o, o += up(heads * T * ring_len * 4);     // [head][k][j] exp(c_t - c_j) dt_j (B_j . C_k)
     deck = o, o += up(heads * T * 4);             // [head][k] exp(c_t)
     Ds = o, o += up(heads * 4);
+    As = o, o += up(heads * 4);                   // [head] A
     yr = o, o += up(T * ts * 4);                  // [k][row] sum_{j<=t_k} W[k][j] x_j: the ring's part of y_k
     flag = o, o += 16;                            // [0] this block arrived last
     total = o;
@@ -128,6 +129,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   float* W = reinterpret_cast<float*>(smem_raw + off.W);
   float* deck = reinterpret_cast<float*>(smem_raw + off.deck);
   float* Ds = reinterpret_cast<float*>(smem_raw + off.Ds);
+  float* As = reinterpret_cast<float*>(smem_raw + off.As);
   float* yr = reinterpret_cast<float*>(smem_raw + off.yr);
   int* last_flag = reinterpret_cast<int*>(smem_raw + off.flag);
   const int ts = off.ts;
@@ -163,7 +165,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     dtnew[hl * Tmax + k] = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + k * p.dt_token_stride + h * p.dt_head_stride]),
                                       p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
   }
-  if (threadIdx.x < nheads_block) Ds[threadIdx.x] = p.D ? p.D[h0 + threadIdx.x] : 0.f;  // nheads_block <= kThreads
+  if (threadIdx.x < nheads_block) {  // nheads_block <= kThreads; A here, beside the inputs (not a round trip after the barrier)
+    Ds[threadIdx.x] = p.D ? p.D[h0 + threadIdx.x] : 0.f;
+    As[threadIdx.x] = p.A[h0 + threadIdx.x];
+  }
   RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "mamba2_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
   RSSM_DEVICE_CHECK(w0 >= 0 && w0 <= L, "mamba2_replay_verify: cursor[%lld] = %d is outside [0, ring_len]", (long long)slot, w0);
   const bool early = w0 + T > L;    // fold the committed history first
@@ -223,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const int t = base + k;
     float w = 0.f;
     if (j <= t) {
-      const float A = p.A[h0 + hl];
+      const float A = As[hl];
       float suffix = 0.f;
       for (int i = t; i > j; --i) suffix += dt_at(hl, i);
       w = expf(A * suffix) * dt_at(hl, j) * bc[k * L + j];
@@ -234,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   if (early) {
     for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
       const int hl = idx / w0, j = idx % w0;
-      const float A = p.A[h0 + hl];
+      const float A = As[hl];
       float suffix = 0.f;
       for (int i = w0 - 1; i > j; --i) suffix += dtold[hl * L + i];
       wf[hl * L + j] = expf(A * suffix) * dtold[hl * L + j];
