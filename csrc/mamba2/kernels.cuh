@@ -325,7 +325,7 @@ constexpr int kStreamStages = 6;
 // Shared memory of one block (byte offsets, each section 16-byte aligned).
 struct ReplaySmem {
   int tile_stride;  // elements per tile row: the block's rows plus 8 (keeps ring rows on different banks)
-  int staging, xs, xt, zs, Bring, Bt, C, dts, dtt, wdt, decay, Ds, As, bc, total;
+  int staging, xs, xt, zs, Bring, Bt, C, dts, dtt, wdt, wb, decay, Ds, As, bc, total;
   __host__ __device__ ReplaySmem(int staging_bytes, int act_bytes, int rows, int dstate, int ring_len, int max_heads) {
     auto up = [](int v) { return (v + 15) / 16 * 16; };
     tile_stride = (rows + 7) / 8 * 8 + 8;
@@ -340,6 +340,7 @@ struct ReplaySmem {
     dts = o, o += up(max_heads * ring_len * 4);                 // [head][j] ring dt_j
     dtt = o, o += up(max_heads * 4);                            // [head] this token's dt
     wdt = o, o += up(max_heads * ring_len * 4);                 // [head][j] exp(c_t - c_j) dt_j, j <= w
+    wb = o, o += up(max_heads * ring_len * 4);                  // [head][j] wdt (B_j . C_t): the outputs' ring weights
     decay = o, o += up(max_heads * 4);                          // [head] exp(c_t)
     Ds = o, o += up(max_heads * 4);                             // [head] D
     As = o, o += up(max_heads * 4);                             // [head] A

@@ -86,6 +86,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   float* dts = reinterpret_cast<float*>(smem_raw + off.dts);
   float* dtt = reinterpret_cast<float*>(smem_raw + off.dtt);
   float* wdt = reinterpret_cast<float*>(smem_raw + off.wdt);
+  float* wb = reinterpret_cast<float*>(smem_raw + off.wb);  // (kLean)
   float* decay = reinterpret_cast<float*>(smem_raw + off.decay);
   float* Ds = reinterpret_cast<float*>(smem_raw + off.Ds);
   float* As = reinterpret_cast<float*>(smem_raw + off.As);
@@ -244,17 +245,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           const int n = lane8 * kPer + e;
           acc = fmaf(j < w ? to_float(Bring[j * kN + n]) : Bt_s[n], C_s[n], acc);
         }
-      acc = group_sum<8>(acc);
-      if (j <= w && lane8 == 0) bc[j] = acc;
-    }
-    for (int idx = threadIdx.x; idx < nheads_block * (w + 1); idx += kThreads) {
-      const int hl = idx / (w + 1), j = idx % (w + 1);
-      auto dt_at = [&](int k) { return k < w ? dts[hl * L + k] : dtt[hl]; };
-      const float A = As[hl];
-      float suffix = 0.f;
-      for (int k = w; k > j; --k) suffix += dt_at(k);
-      wdt[hl * L + j] = expf(A * suffix) * dt_at(j);
-      if (j == 0) decay[hl] = expf(A * (suffix + dt_at(0)));
+      acc = group_sum<8>(acc);  // (a butterfly: every lane of the 8 holds the same sum)
+      if (j <= w) {
+        // The decays of position j, a lane of its 8 per head: wdt for the fold, and wb = wdt (B_j . C_t), the
+        // coefficient the output epilogue used to form per row and position, with D folded into the token's own
+        // (the same fp32 operations as that epilogue's, contracted as nvcc contracted them there: the same bits).
+        for (int hl = lane8; hl < nheads_block; hl += 8) {
+          auto dt_at = [&](int k) { return k < w ? dts[hl * L + k] : dtt[hl]; };
+          const float A = As[hl];
+          float suffix = 0.f;
+          for (int k = w; k > j; --k) suffix += dt_at(k);
+          const float wd = expf(A * suffix) * dt_at(j);
+          wdt[hl * L + j] = wd;
+          wb[hl * L + j] = j < w ? wd * acc : fmaf(wd, acc, Ds[hl]);
+          if (j == 0) decay[hl] = expf(A * (suffix + dt_at(0)));
+        }
+      }
     }
   } else {
     for (int j = warp; j <= w; j += Layout::kWarps) {
@@ -332,11 +338,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         const int hp = pend >> 16, ip = pend & 0xffff, rp = (head_begin + hp) * p.headdim + ip - row_begin;
         // The ring's part of the output, sum_{j<w} exp(c_t - c_j) dt_j (B_j . C_t) x_j[p], by the row's epilogue
         // lane alone: no loop in every iteration with a stride of kLanes (~35 of ~200 warp instructions).
-        const float* wdt_p = wdt + hp * L;
         float yo = y_pend;
+        if constexpr (kLean) {  // (the products formed once per block, with the decays)
+          const float* wb_p = wb + hp * L;
 #pragma unroll 4
-        for (int j = 0; j < w; ++j) yo = fmaf(wdt_p[j] * bc[j], to_float(xs[j * ts + rp]), yo);
-        yo = fmaf(wdt_p[w] * bc[w] + Ds[hp], to_float(xt_s[rp]), yo);
+          for (int j = 0; j < w; ++j) yo = fmaf(wb_p[j], to_float(xs[j * ts + rp]), yo);
+          yo = fmaf(wb_p[w], to_float(xt_s[rp]), yo);
+        } else {
+          const float* wdt_p = wdt + hp * L;
+#pragma unroll 4
+          for (int j = 0; j < w; ++j) yo = fmaf(wdt_p[j] * bc[j], to_float(xs[j * ts + rp]), yo);
+          yo = fmaf(wdt_p[w] * bc[w] + Ds[hp], to_float(xt_s[rp]), yo);
+        }
         if (p.z) yo *= silu(to_float(zs[rp]));
         if constexpr (kLean)
           out_block[hp * int(p.out_head_stride) + ip] = from_float<act_t>(yo);
@@ -509,11 +522,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         // New checkpoint rows: exp(c_t) S_c + sum_{j<=w} exp(c_t - c_j) dt_j x_j[p] B_j.
 #pragma unroll
         for (int col = 0; col < kCols; ++col) sa[col] *= da, sb[col] *= db;
-        const float* wa = wdt + hla * L;
-        const float* wb = wdt + hlb * L;
+        const float* w_a = wdt + hla * L;
+        const float* w_b = wdt + hlb * L;
 #pragma unroll 1
         for (int j = 0; j < w; ++j) {
-          const float ca = wa[j] * to_float(xs[j * ts + rla]), cb = wb[j] * to_float(xs[j * ts + rlb]);
+          const float ca = w_a[j] * to_float(xs[j * ts + rla]), cb = w_b[j] * to_float(xs[j * ts + rlb]);
           const act_t* Bj = Bring + j * kN;
 #pragma unroll
           for (int v = 0; v < kVecs; ++v) {
@@ -531,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
             }
           }
         }
-        const float cta = wa[w] * to_float(xt_s[rla]), ctb = wb[w] * to_float(xt_s[rlb]);
+        const float cta = w_a[w] * to_float(xt_s[rla]), ctb = w_b[w] * to_float(xt_s[rlb]);
 #pragma unroll
         for (int v = 0; v < kVecs; ++v)
 #pragma unroll
