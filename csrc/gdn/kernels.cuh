@@ -368,24 +368,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const float* ring_u = c.ring_u + slot * c.ring_u_slot_stride + int64_t(h) * ratio * c.ring_u_head_stride;
   const float* ring_k = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;
   const float* ring_g = c.ring_g + slot * c.ring_g_slot_stride + hv0;
-  auto load_ring = [&](int nj, bool async_g) {  // ring positions 0..nj-1
+  // The ring's positions 0..nj-1, every entry by cp.async (the g entries too: a plain load whose value is stored to
+  // shared memory holds its thread until it arrives, and the norms' loads after it wait behind it; .ca, through L1:
+  // the ring was written by an earlier launch, complete before this one began).
+  auto load_ring = [&](int nj) {
     copy_head_rows<float, kThreads>(ru, ts, ring_u, c.ring_u_pos_stride, c.ring_u_head_stride, V, row_begin, nrows, nj, vec_u);
     copy_head_rows<float, kThreads>(rk, kK, ring_k, c.ring_k_pos_stride, 0, kK, 0, kK, nj, vec_k,
                                     [](int n) { return Layout::tile_pos(n); });  // (the fold's axpy_tile reads it)
     for (int idx = threadIdx.x; idx < nheads_block * nj; idx += kThreads) {
       const int hl = idx / nj, j = idx % nj;
-      if (async_g)
-        cp_async4(&gs[hl * L + j], &ring_g[j * c.ring_g_pos_stride + hl]);
-      else
-        gs[hl * L + j] = ring_g[j * c.ring_g_pos_stride + hl];
+      cp_async4(&gs[hl * L + j], &ring_g[j * c.ring_g_pos_stride + hl]);
     }
   };
   // ring_ahead (with PDL): the ring is this cache's, written by this layer's previous step, so it is requested
-  // before the wait too, behind the row stages (the g entries by cp.async: a plain load would hold the thread; .ca,
-  // through L1, as the step's state loads before its wait: the writes were complete before this launch began).
+  // before the wait too, behind the row stages.
   if (ring_ahead) {
     RSSM_DEVICE_CHECK(w >= 0 && w < L, "gdn_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-    load_ring(prefetch_ring ? L - 1 : w, true);
+    load_ring(prefetch_ring ? L - 1 : w);
   }
 
   // With PDL (common/cuda_utils.cuh) the rows above (the slot's checkpoint or view, and with ring_ahead the ring) were
@@ -396,7 +395,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   const act_t* v_t = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + int64_t(h) * ratio * p.v_head_stride;
   copy_head_rows<act_t, kThreads>(vt, 0, v_t, 0, p.v_head_stride, V, row_begin, nrows, 1, vec_v);
-  if (prefetch_ring && !ring_ahead) load_ring(L - 1, false);  // before the cursor is known: one dependent trip fewer
+  if (!ring_ahead) {  // (the ring's copies before the loads below, whose stores wait for them)
+    if (prefetch_ring) {
+      load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
+    } else {
+      RSSM_DEVICE_CHECK(w >= 0 && w < L, "gdn_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+      load_ring(w);
+    }
+  }
   {  // warp 0 normalises q, warp 1 k (warp_sum_squares: the bits every GDN kernel forms); a thread per value head g, beta
     const act_t* q = static_cast<const act_t*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
     const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + h * p.k_head_stride;
@@ -419,7 +425,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "gdn_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-  if (!prefetch_ring && !ring_ahead) load_ring(w, false);
   cp_async_commit();
   // The fold count (stochastic rounding's Philox counter): read, and the load consumed, before the block counts in,
   // since the slot's last block increments it. (Only stochastic rounding uses it in the row loop; the increment
@@ -983,9 +988,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const float* ring_u = c.ring_u + slot * c.ring_u_slot_stride + int64_t(h) * ratio * c.ring_u_head_stride;
     const float* ring_g = c.ring_g + slot * c.ring_g_slot_stride + hv0;
     copy_head_rows<float, kThreads>(ru, ts, ring_u, c.ring_u_pos_stride, c.ring_u_head_stride, V, row_begin, nrows, w0, vec_u);
-    for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
+    for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {  // (by cp.async: a plain load would hold the thread)
       const int hl = idx / w0, j = idx % w0;
-      gs[hl * L + j] = ring_g[j * c.ring_g_pos_stride + hl];
+      cp_async4(&gs[hl * L + j], &ring_g[j * c.ring_g_pos_stride + hl]);
     }
   }
   cp_async_commit();

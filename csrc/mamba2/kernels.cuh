@@ -201,7 +201,12 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
       }
   }
 
-  for (int base = row_begin; base < row_end; base += Layout::kRowsPerIter) {
+  // Every block has rows (the launcher's chunks), so the loop runs at least once: written as do-while, with no
+  // guard ahead of the first iteration. With the guard, nvcc placed the C_t loads after it (their only use is in
+  // the loop), behind dt's softplus, which waits for dt: a second round trip after the state's (SASS, sm_90a,
+  // session 21); now they leave with B_t's.
+  int base = row_begin;
+  do {
     if (base != row_begin) load_rows(base, true, true);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -225,7 +230,8 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
         static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + r] = from_float<act_t>(y);
       }
     }
-  }
+    base += Layout::kRowsPerIter;
+  } while (base < row_end);
 }
 
 template <typename state_t, typename act_t, int kN, int kUnroll>

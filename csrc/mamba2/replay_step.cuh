@@ -160,24 +160,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + int64_t(g) * heads_per_group * c.ring_x_head_stride;
   const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride;
   const float* ring_dt = c.ring_dt + slot * c.ring_dt_slot_stride + h0;
-  auto load_ring = [&](int nj, bool async_dt) {  // ring positions 0..nj-1
+  // The ring's positions 0..nj-1, every entry by cp.async (the dt entries too: a plain load whose value is stored
+  // to shared memory holds its thread until it arrives, and the loads after it wait behind it; .ca, through L1:
+  // the ring was written by an earlier launch, complete before this one began).
+  auto load_ring = [&](int nj) {
     copy_head_rows<act_t, kThreads>(xs, ts, ring_x, c.ring_x_pos_stride, c.ring_x_head_stride, p.headdim, row_begin, nrows, nj,
                                     io_vec);
     copy_head_rows<act_t, kThreads>(Bring, kN, ring_B, c.ring_B_pos_stride, 0, kN, 0, kN, nj, io_vec);
     for (int idx = threadIdx.x; idx < nheads_block * nj; idx += kThreads) {
       const int hl = idx / nj, j = idx % nj;
-      if (async_dt)
-        cp_async4(&dts[hl * L + j], &ring_dt[j * c.ring_dt_pos_stride + hl]);
-      else
-        dts[hl * L + j] = ring_dt[j * c.ring_dt_pos_stride + hl];
+      cp_async4(&dts[hl * L + j], &ring_dt[j * c.ring_dt_pos_stride + hl]);
     }
   };
   // ring_ahead (with PDL): the ring is this cache's, written by this layer's previous step, so it is requested
-  // before the wait too, behind the row stages (the dt entries by cp.async: a plain load would hold the thread; .ca,
-  // through L1, as the step's state loads before its wait: the writes were complete before this launch began).
+  // before the wait too, behind the row stages.
   if (ring_ahead) {
     RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-    load_ring(prefetch_ring ? L - 1 : w, true);
+    load_ring(prefetch_ring ? L - 1 : w);
   }
 
   // With PDL (common/cuda_utils.cuh) the rows above (the slot's checkpoint or view, and with ring_ahead the ring) were
@@ -192,24 +191,50 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const act_t* z_t = static_cast<const act_t*>(p.z) + b * p.z_batch_stride + int64_t(g) * heads_per_group * p.z_head_stride;
     copy_head_rows<act_t, kThreads>(zs, 0, z_t, 0, p.z_head_stride, p.headdim, row_begin, nrows, 1, io_vec);
   }
-  if (prefetch_ring && !ring_ahead) load_ring(L - 1, false);  // before the cursor is known: one dependent trip fewer
+  if (!ring_ahead) {  // (the ring's copies before the loads below, whose stores wait for them)
+    if (prefetch_ring) {
+      load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
+    } else {
+      RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+      load_ring(w);
+    }
+  }
   {
+    // This token's B, C and head scalars: every load issued before any value is used (each thread's values first
+    // into registers, then converted and stored), so that they make one round trip. With a loop of loads and
+    // stores per quantity (B and C, then the heads' dt, bias, D and A), each loop's loads waited for the stores
+    // before them: a thread holding a head made two trips in sequence (three with the ring's dt loaded likewise).
     const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
     const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
-    for (int n = threadIdx.x; n < kN; n += kThreads) {
-      Bt_s[n] = to_float(Bt[n]);
-      C_s[n] = to_float(Ct[n]);
+    constexpr int kNPer = (kN + kThreads - 1) / kThreads;
+    act_t braw[kNPer], craw[kNPer];
+#pragma unroll
+    for (int i = 0; i < kNPer; ++i) {
+      const int n = threadIdx.x + i * kThreads;
+      if (n < kN) braw[i] = Bt[n], craw[i] = Ct[n];
     }
-    for (int hl = threadIdx.x; hl < nheads_block; hl += kThreads) {
+    const int hl = threadIdx.x;  // a thread per head of the block (nheads_block <= kThreads: the launcher)
+    const bool head = hl < nheads_block;
+    float dt_raw = 0.f, dt_bias = 0.f, Dh = 0.f, Ah = 0.f;
+    if (head) {
       const int h = h0 + hl;
-      dtt[hl] = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
-                           p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
-      Ds[hl] = p.D ? p.D[h] : 0.f;
-      As[hl] = p.A[h];  // (here, beside the inputs: read where the decays use it, after the barrier, it was a round trip of its own)
+      dt_raw = to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]);
+      if (p.dt_bias) dt_bias = p.dt_bias[h];
+      if (p.D) Dh = p.D[h];
+      Ah = p.A[h];  // (beside the inputs: read where the decays use it, after the barrier, it was a round trip of its own)
+    }
+#pragma unroll
+    for (int i = 0; i < kNPer; ++i) {
+      const int n = threadIdx.x + i * kThreads;
+      if (n < kN) Bt_s[n] = to_float(braw[i]), C_s[n] = to_float(craw[i]);
+    }
+    if (head) {
+      dtt[hl] = process_dt(dt_raw, dt_bias, p.dt_softplus, p.dt_min, p.dt_max);
+      Ds[hl] = Dh;
+      As[hl] = Ah;
     }
   }
   RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-  if (!prefetch_ring && !ring_ahead) load_ring(w, false);
   cp_async_commit();
   // The fold count (stochastic rounding's Philox counter): read, and waited for, before the block counts in,
   // since the slot's last block increments it.
@@ -637,7 +662,10 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
     if (forced_rows <= 0)
       for (const int r : {512, 256}) {
         const int64_t chunks_r = (group_rows + r - 1) / r;
-        if (r <= group_rows && r % Layout::kRowsPerIter == 0 && chunks_r * groups_total >= int64_t(num_sms()) * 3 * 2) {  // (session 11's rows; kept at 4 blocks/SM)
+        // (r <= (kThreads - 1) * headdim: at most kThreads heads per block, as above; the kernel's prologue takes a
+        // thread per head)
+        if (r <= group_rows && r % Layout::kRowsPerIter == 0 && r <= (kThreads - 1) * p.headdim &&
+            chunks_r * groups_total >= int64_t(num_sms()) * 3 * 2) {  // (session 11's rows; kept at 4 blocks/SM)
           rows_per_block = std::max(rows_per_block, r);
           break;
         }

@@ -160,14 +160,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                                   p.C_token_stride, 0, kN, 0, kN, T, io_vec);
   copy_head_rows<act_t, kThreads>(Bnew, kN, static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride,
                                   p.B_token_stride, 0, kN, 0, kN, T, io_vec);
-  for (int idx = threadIdx.x; idx < nheads_block * T; idx += kThreads) {
-    const int hl = idx / T, k = idx % T, h = h0 + hl;
-    dtnew[hl * Tmax + k] = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + k * p.dt_token_stride + h * p.dt_head_stride]),
-                                      p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
-  }
-  if (threadIdx.x < nheads_block) {  // nheads_block <= kThreads; A here, beside the inputs (not a round trip after the barrier)
-    Ds[threadIdx.x] = p.D ? p.D[h0 + threadIdx.x] : 0.f;
-    As[threadIdx.x] = p.A[h0 + threadIdx.x];
+  // Every load of the prologue is issued before any value is stored (one round trip): the heads' D and A into
+  // registers, the committed ring by cp.async, then the dt loop, whose stores wait for their loads (a load whose
+  // value is stored to shared memory holds its thread). Before, D and A came after the dt loop and the committed
+  // ring after both: up to three trips in sequence. (nheads_block <= kThreads; A here, beside the inputs, not a
+  // round trip after the barrier.)
+  float Dh = 0.f, Ah = 0.f;
+  if (threadIdx.x < nheads_block) {
+    if (p.D) Dh = p.D[h0 + threadIdx.x];
+    Ah = p.A[h0 + threadIdx.x];
   }
   RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "mamba2_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
   RSSM_DEVICE_CHECK(w0 >= 0 && w0 <= L, "mamba2_replay_verify: cursor[%lld] = %d is outside [0, ring_len]", (long long)slot, w0);
@@ -179,8 +180,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                                   c.ring_B_pos_stride, 0, kN, 0, kN, w0, io_vec);
   for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
     const int hl = idx / w0, j = idx % w0;
-    dtold[hl * L + j] = c.ring_dt[slot * c.ring_dt_slot_stride + j * c.ring_dt_pos_stride + h0 + hl];
+    cp_async4(&dtold[hl * L + j], &c.ring_dt[slot * c.ring_dt_slot_stride + j * c.ring_dt_pos_stride + h0 + hl]);
   }
+  for (int idx = threadIdx.x; idx < nheads_block * T; idx += kThreads) {
+    const int hl = idx / T, k = idx % T, h = h0 + hl;
+    dtnew[hl * Tmax + k] = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + k * p.dt_token_stride + h * p.dt_head_stride]),
+                                      p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
+  }
+  if (threadIdx.x < nheads_block) Ds[threadIdx.x] = Dh, As[threadIdx.x] = Ah;
   cp_async_commit();
   // The fold count (stochastic rounding's Philox counter; narrow checkpoints): read by every thread, and the
   // load consumed, before the block counts in, since the slot's last block increments it.
@@ -449,7 +456,8 @@ void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t
   int rows_per_block = round_rows((groups_total * group_rows + int64_t(num_sms()) * 12 - 1) / (int64_t(num_sms()) * 12));
   rows_per_block = std::min({rows_per_block, 256, group_rows, (kThreads - 1) * p.headdim});
   const int forced_rows = tune_knob("verify_rows");
-  if (forced_rows > 0) rows_per_block = std::min(round_rows(forced_rows), std::max(group_rows, Layout::kRowsPerIter));
+  if (forced_rows > 0)  // (at most kThreads - 1 heads here too: the prologue takes a thread per head)
+    rows_per_block = std::min({round_rows(forced_rows), std::max(group_rows, Layout::kRowsPerIter), (kThreads - 1) * p.headdim});
   auto heads_for = [&](int r) { return std::min((r + p.headdim - 1) / p.headdim + 1, p.nheads / p.ngroups); };
   auto smem_for = [&](int r) {
     return VerifySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kN, c.ring_len, p.ntokens, heads_for(r)).total;
