@@ -445,31 +445,47 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   int arrived = 0;
   if (threadIdx.x == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
 
-  // ---- Block scalars: k_j . k_t, k_j . q_t (a warp per j; j == w: k_t . q_t) and the decays (a thread per
-  // (value head, j), each forming the sums replay_decays forms, in its order).
+  // ---- Block scalars: k_j . k_t, k_j . q_t (j == w: k_t . q_t) and the decays, as the Mamba-2 replay step's lean
+  // prologue forms its own: 8 lanes per ring position j (every position at once for w < kThreads / 8), each lane over
+  // kK / 8 columns in 16-byte groups (lane l8 the groups l8 + 8 e: a position's 8 lanes read 128 consecutive bytes
+  // of k_t and q_t, and of ring k for an fp32 checkpoint; a 16-bit view's tile order pairs them 2-way, as before),
+  // and then, on the same 8 lanes, position j's decays, a lane per value head (each suffix sum in replay_decays'
+  // order, as before: the same bits). Before, a warp formed one position's dots at a time (4 positions per warp in
+  // sequence at w = 15) and the decays waited behind them on a thread per (value head, j).
   const bool fold = is_fold_step(w, L);
-  for (int j = warp; j <= w; j += Layout::kWarps) {
-    const float* kj = j < w ? rk + j * kK : kn;
-    const bool tiled = j < w;  // (rk: the tile layout)
-    float a = 0.f, q = 0.f;
-    for (int n = lane; n < kK; n += 32) {
-      const float kjn = kj[tiled ? Layout::tile_pos(n) : n];
-      a = fmaf(kjn, kn[n], a), q = fmaf(kjn, qn[n], q);
+  {
+    const int lane8 = lane & 7;
+    for (int first = warp * 4; first <= w; first += kThreads / 8) {  // (every lane of a warp: the same trip count)
+      const int j = first + (lane >> 3);
+      float a = 0.f, q = 0.f;
+      if (j <= w) {
+        const float* kj = j < w ? rk + j * kK : kn;
+        const bool tiled = j < w;  // (rk: the tile layout, which keeps 16-byte groups whole)
+#pragma unroll
+        for (int e4 = 0; e4 < (kK / 4 + 7) / 8; ++e4) {
+          const int n = (e4 * 8 + lane8) * 4;
+          if (kK % 32 != 0 && n >= kK) break;  // (kK = 16: lanes 4-7 idle)
+          const float4 kj4 = *reinterpret_cast<const float4*>(kj + (tiled ? Layout::tile_pos(n) : n));
+          const float4 kn4 = *reinterpret_cast<const float4*>(kn + n), qn4 = *reinterpret_cast<const float4*>(qn + n);
+          a = fmaf(kj4.x, kn4.x, a), q = fmaf(kj4.x, qn4.x, q);
+          a = fmaf(kj4.y, kn4.y, a), q = fmaf(kj4.y, qn4.y, q);
+          a = fmaf(kj4.z, kn4.z, a), q = fmaf(kj4.z, qn4.z, q);
+          a = fmaf(kj4.w, kn4.w, a), q = fmaf(kj4.w, qn4.w, q);
+        }
+      }
+      a = group_sum<8>(a), q = group_sum<8>(q);  // (a butterfly: every lane of the 8 holds the sums)
+      if (j <= w && lane8 == 0) kk[j] = a, kq[j] = q;
+      if (j < w) {
+        for (int hl = lane8; hl < nheads_block; hl += 8) {
+          float suffix = 0.f;
+          for (int m = w - 1; m > j; --m) suffix += gs[hl * L + m];
+          weight[hl * L + j] = expf(suffix);
+          if (j == 0) decay[hl] = expf(suffix + gs[hl * L]);
+        }
+      } else if (j == 0) {  // (w == 0: nothing in the ring)
+        for (int hl = lane8; hl < nheads_block; hl += 8) decay[hl] = 1.f;
+      }
     }
-    a = group_sum<32>(a), q = group_sum<32>(q);
-    if (lane == 0) kk[j] = a, kq[j] = q;
-  }
-  const int wj = w > 0 ? w : 1;
-  for (int idx = threadIdx.x; idx < nheads_block * wj; idx += kThreads) {
-    const int hl = idx / wj, j = idx % wj;
-    if (w == 0) {
-      decay[hl] = 1.f;
-      continue;
-    }
-    float suffix = 0.f;
-    for (int m = w - 1; m > j; --m) suffix += gs[hl * L + m];
-    weight[hl * L + j] = expf(suffix);
-    if (j == 0) decay[hl] = expf(suffix + gs[hl * L]);
   }
   __syncthreads();
   float kv[kCols], qv[kCols];  // this lane's columns of k_t and q_t
