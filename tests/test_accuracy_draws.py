@@ -1,0 +1,32 @@
+"""The accuracy study's decay draws (bench/accuracy/accuracy.py, --decays): what each claims to draw."""
+import importlib.util
+import math
+import os
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_study():
+    spec = importlib.util.spec_from_file_location("accuracy_study", os.path.join(HERE, "..", "bench", "accuracy", "accuracy.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_trained_draw_gives_most_decays_near_one_and_a_few_fast_heads():
+    """--decays trained: |A| softplus(dt_bias) (the per-token decay rate at a zero dt input) is in [1e-4, 1e-2] for about 7
+    heads in 8 and in [0.1, 1] for the rest, whatever |A| is; --decays init spreads the rates over [1e-3, 1.6]."""
+    study = load_study()
+    n = 20000
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31 - 1, ()).item())
+    A_abs = torch.exp(torch.empty(n).uniform_(0.0, math.log(16.0), generator=gen))
+    rate = A_abs * torch.nn.functional.softplus(study.trained_dt_bias(A_abs, gen))
+    slow = (rate >= 1e-4 * (1 - 1e-4)) & (rate <= 1e-2 * (1 + 1e-4))
+    fast = (rate >= 0.1 * (1 - 1e-4)) & (rate <= 1.0 + 1e-4)
+    assert bool((slow | fast).all())
+    # 1/8 fast: a binomial share over 20000 heads has a standard deviation of 0.0023
+    assert abs(fast.float().mean().item() - 1 / 8) < 0.012
+    init_rate = A_abs * torch.nn.functional.softplus(study.log_uniform_dt_bias(n, gen))
+    assert (init_rate < 0.1).float().mean().item() < 0.8  # the init draw is not "most decays near 1"
