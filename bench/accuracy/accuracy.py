@@ -3,7 +3,7 @@ state over a long horizon, against a float64 sequential reference, for one Mamba
 H=128, P=64, N=128, G=8) or one Gated DeltaNet layer (HV=32, H=16, K=V=128), batch 1.
 
 Parameters: A and dt as Mamba-2 initialises them (--decays init, the committed study), or as the issue describes
-trained layers, most decays near 1 and a few fast heads (--decays trained; DECAYS below); inputs drawn in bf16 and fed as
+trained layers, most decays near 1 and a few fast heads (--decays trained; draw_dt_bias below); inputs drawn in bf16 and fed as
 fp32, so that the output error shows the state's precision, not the activation rounding. Modes: standard step
 with fp32 / bf16 state (rounded every token); replay with fp32 checkpoint; replay with bf16 checkpoint storage,
 rounded to nearest once per fold (L=16); and for Mamba-2 the numerical split: bf16 checkpoint rounded
@@ -66,7 +66,9 @@ def trained_dt_bias(A_abs, gen):
     return softplus_inv(rate / A_abs)
 
 
-DECAYS = "init"  # set from --decays in main()
+def draw_dt_bias(decays, A_abs, gen):
+    """The heads' dt_bias under --decays (`init` or `trained`, above), for decay rates |A|."""
+    return log_uniform_dt_bias(A_abs.numel(), gen) if decays == "init" else trained_dt_bias(A_abs, gen)
 
 
 def bf16_valued(*shape, gen, scale=1.0):
@@ -76,10 +78,10 @@ def bf16_valued(*shape, gen, scale=1.0):
 class Mamba2Layer:
     shape_desc = "Mamba-2 H={H} P=64 N=128 G=8"
 
-    def __init__(self, heads, ring_len, dev, gen):
+    def __init__(self, heads, ring_len, dev, gen, decays="init"):
         self.H, self.P, self.N, self.G, self.dev = heads, 64, 128, 8, dev
         self.A = -torch.exp(torch.empty(heads).uniform_(0.0, math.log(16.0), generator=gen))
-        self.dt_bias = log_uniform_dt_bias(heads, gen) if DECAYS == "init" else trained_dt_bias(-self.A, gen)
+        self.dt_bias = draw_dt_bias(decays, -self.A, gen)
         self.D = torch.randn(heads, generator=gen)
         self.kw = dict(D=self.D.to(dev), dt_bias=self.dt_bias.to(dev), dt_softplus=True)
         self.ids = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -118,10 +120,10 @@ class Mamba2Layer:
 class GdnLayer:
     shape_desc = "Gated DeltaNet HV={H} H=16 K=V=128"
 
-    def __init__(self, heads, ring_len, dev, gen):
+    def __init__(self, heads, ring_len, dev, gen, decays="init"):
         self.HV, self.Hk, self.K, self.V, self.dev = heads, heads // 2, 128, 128, dev
         self.A_log = torch.empty(heads).uniform_(0.0, math.log(16.0), generator=gen)
-        self.dt_bias = log_uniform_dt_bias(heads, gen) if DECAYS == "init" else trained_dt_bias(torch.exp(self.A_log), gen)
+        self.dt_bias = draw_dt_bias(decays, torch.exp(self.A_log), gen)
         self.ids = torch.zeros(1, dtype=torch.int32, device=dev)
         self.ring_len = ring_len
 
@@ -165,14 +167,12 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help="the layer's parameters and the inputs (the committed study: 0)")
     ap.add_argument("--modes", nargs="+", default=None, help="a subset of the modes (default: all)")
     ap.add_argument("--decays", choices=["init", "trained"], default="init",
-                    help="how the heads' decays are drawn (DECAYS above; the committed study: init)")
+                    help="how the heads' decays are drawn (draw_dt_bias above; the committed study: init)")
     args = ap.parse_args()
-    global DECAYS
-    DECAYS = args.decays
     out_path = args.out or os.path.join(HERE, f"{args.layer}_accuracy.json")
     gen = torch.Generator().manual_seed(args.seed)
     heads = args.heads or (128 if args.layer == "mamba2" else 32)
-    layer = (Mamba2Layer if args.layer == "mamba2" else GdnLayer)(heads, args.ring_len, args.device, gen)
+    layer = (Mamba2Layer if args.layer == "mamba2" else GdnLayer)(heads, args.ring_len, args.device, gen, args.decays)
     L = args.ring_len
     chosen = {m: v for m, v in layer.modes.items() if args.modes is None or m in args.modes}
     if args.modes and len(chosen) != len(set(args.modes)):
