@@ -72,6 +72,17 @@ def test_cuda_verify_launch_configurations(monkeypatch, tune):
     verify_property("cuda", H=8, P=24, N=128, G=2, history=6, T=5, steps=50)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tune", ["verify_rows=512", "verify_rows=512,stream_lean=0"])
+def test_cuda_verify_wide_blocks(monkeypatch, tune):
+    """Blocks of 512 rows, the default's cap at large batches (eight heads of 64 rows each per block, two blocks per
+    group, 32 row iterations per block that refill every stage buffer many times): the same property."""
+    needs_verify_kernel("cuda")
+    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
+    verify_property("cuda", H=16, P=64, N=128, G=1, history=6, T=5, steps=20)
+
+
 def verify_property(device, H, P, N, G, history, T, steps):
     gen = make_gen()
     L = history + T

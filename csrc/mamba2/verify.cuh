@@ -437,9 +437,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // Launch: 128 threads, the replay step's row layout (StreamLanes) with 3 stages (the v10 replay step's depth:
 // 3 blocks x 128 threads x 3 x 64 B = 72 KiB in flight per SM; the 6 of kStreamStages took 48 KiB of a block's
 // shared memory, which cut blocks to 64 rows at T = 4, L = 32, and every block repeats the block scalars: ncu
-// at batch 256, 2026-11-29, had 32768 blocks and the prologue as half the samples), 256 rows per block at most,
+// at batch 256, 2026-11-29, had 32768 blocks and the prologue as half the samples), 512 rows per block at most,
 // fewer when that keeps three blocks on an SM within its shared memory, or when the grid would not fill the
-// GPU. REPLAYSSM_TUNE: verify_rows (rows per block). src_t: what the row loop streams (the checkpoint, or its
+// GPU. (The cap was 256 until session 23: at the benchmark's 12-token ring, T = 4, 512 rows fit three blocks per
+// SM (62.6 KiB) and halve the blocks' prologues: 463 -> 433 us at batch 256, 258 -> 252 at 128; at a 32-token ring
+// the shared-memory rule below brings them back to 256, where session 4 had 512 rows 8-10% slower.)
+// REPLAYSSM_TUNE: verify_rows (rows per block). src_t: what the row loop streams (the checkpoint, or its
 // bf16 output view).
 template <typename ckpt_t, typename src_t, typename act_t, int kN>
 void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t stream) {
@@ -452,9 +455,9 @@ void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t
   auto round_rows = [&](int64_t r) {
     return int((std::max<int64_t>(r, Layout::kRowsPerIter) + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
   };
-  // Enough blocks for ~4 waves of three blocks per SM, at most 256 rows, at most kThreads - 1 heads.
+  // Enough blocks for ~4 waves of three blocks per SM, at most 512 rows, at most kThreads - 1 heads.
   int rows_per_block = round_rows((groups_total * group_rows + int64_t(num_sms()) * 12 - 1) / (int64_t(num_sms()) * 12));
-  rows_per_block = std::min({rows_per_block, 256, group_rows, (kThreads - 1) * p.headdim});
+  rows_per_block = std::min({rows_per_block, 512, group_rows, (kThreads - 1) * p.headdim});
   const int forced_rows = tune_knob("verify_rows");
   if (forced_rows > 0)  // (at most kThreads - 1 heads here too: the prologue takes a thread per head)
     rows_per_block = std::min({round_rows(forced_rows), std::max(group_rows, Layout::kRowsPerIter), (kThreads - 1) * p.headdim});
