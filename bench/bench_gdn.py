@@ -78,13 +78,13 @@ def replay_caches(batch, n_layers, L, shape, gen, inputs, A_log, dt_bias, slots,
     return caches, replay_cycle
 
 
-def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False) -> dict:
+def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False, layers=None) -> dict:
     """µs per step and layer of every kernel at one batch size, all timed interleaved in one time_interleaved call
     (with their alternative configurations when tune); smoke: each run once, eagerly, on the CPU."""
     device = "cpu" if smoke else "cuda"
     HV, H, K, V = shape
     state_layer = batch * HV * V * K * 4
-    n_layers = 1 if smoke else max(2, math.ceil(4 * common.l2_bytes() / state_layer))
+    n_layers = 1 if smoke else layers or max(2, math.ceil(4 * common.l2_bytes() / state_layer))
     per = L * n_layers
     A_log = torch.rand(HV, generator=gen, device=device) * math.log(16.0)
     dt_bias = torch.rand(HV, generator=gen, device=device) - 4.0
@@ -156,11 +156,17 @@ def main():
     parser.add_argument("--ring-len", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--tune", action="store_true", help="also time alternative launch configurations")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="rotate this many layers (>= 2) instead of enough to overflow L2 four times: with few, the "
+                             "states stay L2-resident (a diagnostic of latency against DRAM; floors and copy fractions "
+                             "then do not apply)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gdn_decode.json"))
     parser.add_argument("--key-heads", type=int, default=16,
                         help="key heads H (HV = 32 value heads): 8 gives a key head 512 state rows, so that a replay block "
                              "can be twice the benchmark's 256 (gdn_replay_rows=512, a view tune entry)")
     args = parser.parse_args()
+    if args.layers is not None and args.layers < 2:
+        parser.error("--layers must be at least 2 (consecutive launches on one layer's cache would depend on each other)")
     if args.smoke:
         print(bench_batch(3, 4, (4, 2, 16, 8), None, torch.Generator().manual_seed(0), smoke=True))
         return
@@ -172,7 +178,7 @@ def main():
     bw = common.measure_bandwidth()
     rows = []
     for batch in args.batches:
-        r = bench_batch(batch, args.ring_len, shape, fla, gen, tune=args.tune)
+        r = bench_batch(batch, args.ring_len, shape, fla, gen, tune=args.tune, layers=args.layers)
         nbytes = analytic_bytes(batch, args.ring_len, shape)
         common.decode_ratios(r, nbytes, bw)
         rows.append(r)

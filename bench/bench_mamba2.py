@@ -83,11 +83,11 @@ VIEW_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=
 # (the view runs the same kernel and launcher as plain caches; view_fold_lean=0: its folds stream the view too)
 
 
-def bench_batch(batch, L, ssu, gen, tune=False) -> dict:
+def bench_batch(batch, L, ssu, gen, tune=False, layers=None) -> dict:
     """µs per step and layer of every kernel at one batch size, all timed interleaved in one time_interleaved call
     (with their alternative configurations when tune)."""
     state_layer = batch * H * P * N * 4
-    n_layers = max(2, math.ceil(4 * common.l2_bytes() / state_layer))
+    n_layers = layers or max(2, math.ceil(4 * common.l2_bytes() / state_layer))
     per = L * n_layers
     A = -torch.exp(torch.rand(H, generator=gen, device="cuda") * math.log(16.0))
     dt_bias = torch.rand(H, generator=gen, device="cuda") - 4.0
@@ -159,14 +159,20 @@ def main():
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
     parser.add_argument("--ring-len", type=int, default=16)
     parser.add_argument("--tune", action="store_true", help="also time alternative launch configurations")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="rotate this many layers (>= 2) instead of enough to overflow L2 four times: with few, the "
+                             "states stay L2-resident (a diagnostic of latency against DRAM; floors and copy fractions "
+                             "then do not apply)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "mamba2_decode.json"))
     args = parser.parse_args()
+    if args.layers is not None and args.layers < 2:
+        parser.error("--layers must be at least 2 (consecutive launches on one layer's cache would depend on each other)")
     gen = torch.Generator(device="cuda").manual_seed(0)
     ssu = load_ssu()
     bw = common.measure_bandwidth()
     rows = []
     for batch in args.batches:
-        r = bench_batch(batch, args.ring_len, ssu, gen, tune=args.tune)
+        r = bench_batch(batch, args.ring_len, ssu, gen, tune=args.tune, layers=args.layers)
         nbytes = analytic_bytes(batch, args.ring_len)
         common.decode_ratios(r, nbytes, bw)
         r["standard_TBps"] = nbytes["standard"] / r["standard_us"] / 1e6
