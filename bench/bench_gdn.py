@@ -156,17 +156,12 @@ def main():
     parser.add_argument("--ring-len", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--tune", action="store_true", help="also time alternative launch configurations")
-    parser.add_argument("--layers", type=int, default=None,
-                        help="rotate this many layers (>= 2) instead of enough to overflow L2 four times: with few, the "
-                             "states stay L2-resident (a diagnostic of latency against DRAM; floors and copy fractions "
-                             "then do not apply)")
+    common.add_layers_option(parser)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gdn_decode.json"))
     parser.add_argument("--key-heads", type=int, default=16,
                         help="key heads H (HV = 32 value heads): 8 gives a key head 512 state rows, so that a replay block "
                              "can be twice the benchmark's 256 (gdn_replay_rows=512, a view tune entry)")
     args = parser.parse_args()
-    if args.layers is not None and args.layers < 2:
-        parser.error("--layers must be at least 2 (consecutive launches on one layer's cache would depend on each other)")
     if args.smoke:
         print(bench_batch(3, 4, (4, 2, 16, 8), None, torch.Generator().manual_seed(0), smoke=True))
         return

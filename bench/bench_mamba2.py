@@ -159,14 +159,9 @@ def main():
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
     parser.add_argument("--ring-len", type=int, default=16)
     parser.add_argument("--tune", action="store_true", help="also time alternative launch configurations")
-    parser.add_argument("--layers", type=int, default=None,
-                        help="rotate this many layers (>= 2) instead of enough to overflow L2 four times: with few, the "
-                             "states stay L2-resident (a diagnostic of latency against DRAM; floors and copy fractions "
-                             "then do not apply)")
+    common.add_layers_option(parser)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "mamba2_decode.json"))
     args = parser.parse_args()
-    if args.layers is not None and args.layers < 2:
-        parser.error("--layers must be at least 2 (consecutive launches on one layer's cache would depend on each other)")
     gen = torch.Generator(device="cuda").manual_seed(0)
     ssu = load_ssu()
     bw = common.measure_bandwidth()

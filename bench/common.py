@@ -3,6 +3,7 @@ events (median), on data spread over enough independent layers that nothing is s
 compared in one table are timed interleaved, in rounds (time_interleaved)."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -22,6 +23,19 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 L2_BYTES = 60 * 2**20  # H200 (read back from the device where torch exposes it)
+
+
+def add_layers_option(parser) -> None:
+    """--layers N (decode benchmarks): rotate N >= 2 layers instead of enough to overflow L2 four times."""
+    def at_least_two(v: str) -> int:
+        n = int(v)
+        if n < 2:  # (one layer: consecutive launches on its cache would depend on each other)
+            raise argparse.ArgumentTypeError("at least 2")
+        return n
+    parser.add_argument("--layers", type=at_least_two, default=None,
+                        help="rotate this many layers (>= 2) instead of enough to overflow L2 four times: with few, the "
+                             "states stay L2-resident (a diagnostic of latency against DRAM; floors and copy fractions "
+                             "then do not apply)")
 
 
 def l2_bytes() -> int:
