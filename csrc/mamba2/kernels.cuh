@@ -89,6 +89,29 @@ struct RowLayout {
       for (int e = 0; e < kVec; ++e) s[v * kVec + e] = fmaf(a, to_float(x[col(lane_in_row, v, e)]), s[v * kVec + e]);
   }
 
+  // axpy for a 16-bit x whose vectors are aligned (x + col(lane, v, 0) at a multiple of kVec * sizeof(T) bytes, as a
+  // row of a 16-byte-aligned shared tile with kN a multiple of 8 is): one load per vector (LDS.64 for an fp32 layout,
+  // LDS.128 for a 16-bit one) where axpy's element loads take kVec LDS.U16, and the pairs unpacked by unpack_words.
+  template <typename T>
+  __device__ static void axpy_vec(float a, const T* x, int lane_in_row, float (&s)[kColsPerLane]) {
+    static_assert(sizeof(T) == 2 && (kVec == 4 || kVec == 8), "16-bit x, vectors of 4 or 8 elements");
+    constexpr int kWords = kVec / 2;
+    using Raw = std::conditional_t<kWords == 4, uint4, uint2>;
+#pragma unroll
+    for (int v = 0; v < kVecsPerLane; ++v) {
+      const Raw raw = *reinterpret_cast<const Raw*>(x + col(lane_in_row, v, 0));
+      uint32_t w[kWords];
+      if constexpr (kWords == 4)
+        w[0] = raw.x, w[1] = raw.y, w[2] = raw.z, w[3] = raw.w;
+      else
+        w[0] = raw.x, w[1] = raw.y;
+      float f[kVec];
+      unpack_words<T, kWords>(w, f);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s[v * kVec + e] = fmaf(a, f[e], s[v * kVec + e]);
+    }
+  }
+
   // An fp32 row of kN columns in shared memory that every row's lanes read whole (a ring entry's k in a GDN fold):
   // column n sits at tile_pos(n), so that each float4 a lane reads lies next to the same float4 of the row's next
   // lane. With a 4-byte state_t that is the identity. With a 16-bit one a lane's vector spans 8 columns, 32 bytes of

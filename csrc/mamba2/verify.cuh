@@ -324,7 +324,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       const float dcy = decf[hl];
 #pragma unroll
       for (int col = 0; col < kCols; ++col) s[col] *= dcy;
-      for (int j = 0; j < w0; ++j) Layout::axpy(wf[hl * L + j] * to_float(xold[j * ts + rl]), Bold + j * kN, lane_in_row, s);
+      for (int j = 0; j < w0; ++j) {  // (Bold: a 16-byte-aligned tile, rows of kN, a multiple of 8: axpy_vec's alignment)
+        const float a = wf[hl * L + j] * to_float(xold[j * ts + rl]);
+        if constexpr (sizeof(act_t) == 2)
+          Layout::axpy_vec(a, Bold + j * kN, lane_in_row, s);
+        else
+          Layout::axpy(a, Bold + j * kN, lane_in_row, s);
+      }
       if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest); the outputs use the view's
         if (valid) {
           Layout::store_master_and_view(ckpt_row(q), src_row(q), lane_in_row, s);
@@ -378,7 +384,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       if (valid && writer && k < T) {
         float y = fmaf(deck[hl * Tmax + k], sum, yr[k * ts + rl]);
         y = fmaf(Ds[hl], to_float(xnew[k * ts + rl]), y);
-        if (p.z) y *= silu(to_float(znew[k * ts + rl]));
+        if (p.z) y *= silu_fast(to_float(znew[k * ts + rl]));  // (the row loop's instructions: see silu_fast)
         if constexpr (kLean)
           out_block[k * int(p.out_token_stride) + hl * int(p.out_head_stride) + q.i] = from_float<act_t>(y);
         else
@@ -455,9 +461,16 @@ void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t
   auto round_rows = [&](int64_t r) {
     return int((std::max<int64_t>(r, Layout::kRowsPerIter) + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter);
   };
-  // Enough blocks for ~4 waves of three blocks per SM, at most 512 rows, at most kThreads - 1 heads.
-  int rows_per_block = round_rows((groups_total * group_rows + int64_t(num_sms()) * 12 - 1) / (int64_t(num_sms()) * 12));
+  // Enough blocks for ~2 waves of three blocks per SM, at most 512 rows, at most kThreads - 1 heads, the group's rows
+  // then split evenly over its blocks. (~4 waves until session 23: at batch 32 that gave blocks of 176 rows, six per
+  // group with a ragged last one, where blocks of 256 ran 0.5-5% faster in the same run; fewer, longer blocks repeat
+  // the per-block prologue less.)
+  int rows_per_block = round_rows((groups_total * group_rows + int64_t(num_sms()) * 6 - 1) / (int64_t(num_sms()) * 6));
   rows_per_block = std::min({rows_per_block, 512, group_rows, (kThreads - 1) * p.headdim});
+  {
+    const int blocks_per_group = (group_rows + rows_per_block - 1) / rows_per_block;
+    rows_per_block = std::min(rows_per_block, round_rows((group_rows + blocks_per_group - 1) / blocks_per_group));
+  }
   const int forced_rows = tune_knob("verify_rows");
   if (forced_rows > 0)  // (at most kThreads - 1 heads here too: the prologue takes a thread per head)
     rows_per_block = std::min({round_rows(forced_rows), std::max(group_rows, Layout::kRowsPerIter), (kThreads - 1) * p.headdim});
