@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // ring_ahead (with PDL): the ring is this cache's, written by this layer's previous step, so it is requested
   // before the wait too, behind the row stages.
   if (ring_ahead) {
-    RSSM_DEVICE_CHECK(w >= 0 && w < L, "gdn_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+    check_replay_cursor(w, L, slot, "gdn_replay_step");
     load_ring(prefetch_ring ? L - 1 : w);
   }
 
@@ -395,14 +395,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   const act_t* v_t = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + int64_t(h) * ratio * p.v_head_stride;
   copy_head_rows<act_t, kThreads>(vt, 0, v_t, 0, p.v_head_stride, V, row_begin, nrows, 1, vec_v);
-  if (!ring_ahead) {  // (the ring's copies before the loads below, whose stores wait for them)
-    if (prefetch_ring) {
-      load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
-    } else {
-      RSSM_DEVICE_CHECK(w >= 0 && w < L, "gdn_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-      load_ring(w);
-    }
-  }
+  // (the ring's copies before the loads below, whose stores wait for them)
+  load_ring_after_wait(ring_ahead, prefetch_ring, w, L, slot, "gdn_replay_step", load_ring);
   {  // warp 0 normalises q, warp 1 k (warp_sum_squares: the bits every GDN kernel forms); a thread per value head g, beta
     const act_t* q = static_cast<const act_t*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
     const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + h * p.k_head_stride;
@@ -424,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       bt[hl] = sigmoid(to_float(static_cast<const act_t*>(p.b)[b * p.b_batch_stride + hv * p.b_head_stride]));
     }
   }
-  RSSM_DEVICE_CHECK(w >= 0 && w < L, "gdn_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+  check_replay_cursor(w, L, slot, "gdn_replay_step");
   cp_async_commit();
   // The fold count (stochastic rounding's Philox counter): read, and the load consumed, before the block counts in,
   // since the slot's last block increments it. (Only stochastic rounding uses it in the row loop; the increment

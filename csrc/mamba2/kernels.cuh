@@ -386,6 +386,26 @@ __device__ __forceinline__ void cp_async4(void* smem_dst, const void* gmem_src) 
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
 }
+// A replay step's cursor w of this slot, 0 <= w < ring_len, checked before the kernel depends on it (a message
+// naming the kernel, the slot and w, and a trap otherwise).
+__device__ __forceinline__ void check_replay_cursor(int w, int ring_len, int64_t slot, const char* kernel) {
+  RSSM_DEVICE_CHECK(w >= 0 && w < ring_len, "%s: cursor[%lld] = %d is outside [0, ring_len)", kernel, (long long)slot, w);
+}
+// The replay steps' ring copies after the PDL wait (none with ring_ahead: they went before it), load_ring(nj) copying
+// positions 0..nj-1: the whole ring when prefetched, before the cursor is known (one dependent trip fewer), else the
+// cursor's w entries once w is checked. (The ring_ahead site stays at each caller: a helper holding both sites
+// inlined a fourth copy of the loads, ~1000 more SASS instructions per replay kernel; bench/NOTES.md, session 23.)
+template <typename LoadRing>
+__device__ __forceinline__ void load_ring_after_wait(bool ring_ahead, bool prefetch_ring, int w, int ring_len, int64_t slot,
+                                                     const char* kernel, const LoadRing& load_ring) {
+  if (ring_ahead) return;
+  if (prefetch_ring) {
+    load_ring(ring_len - 1);
+  } else {
+    check_replay_cursor(w, ring_len, slot, kernel);
+    load_ring(w);
+  }
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }

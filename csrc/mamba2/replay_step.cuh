@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // ring_ahead (with PDL): the ring is this cache's, written by this layer's previous step, so it is requested
   // before the wait too, behind the row stages.
   if (ring_ahead) {
-    RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+    check_replay_cursor(w, L, slot, "mamba2_replay_step");
     load_ring(prefetch_ring ? L - 1 : w);
   }
 
@@ -191,14 +191,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const act_t* z_t = static_cast<const act_t*>(p.z) + b * p.z_batch_stride + int64_t(g) * heads_per_group * p.z_head_stride;
     copy_head_rows<act_t, kThreads>(zs, 0, z_t, 0, p.z_head_stride, p.headdim, row_begin, nrows, 1, io_vec);
   }
-  if (!ring_ahead) {  // (the ring's copies before the loads below, whose stores wait for them)
-    if (prefetch_ring) {
-      load_ring(L - 1);  // before the cursor is known: one dependent trip fewer
-    } else {
-      RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
-      load_ring(w);
-    }
-  }
+  // (the ring's copies before the loads below, whose stores wait for them)
+  load_ring_after_wait(ring_ahead, prefetch_ring, w, L, slot, "mamba2_replay_step", load_ring);
   {
     // This token's B, C and head scalars: every load issued before any value is used (each thread's values first
     // into registers, then converted and stored), so that they make one round trip. With a loop of loads and
@@ -234,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       As[hl] = Ah;
     }
   }
-  RSSM_DEVICE_CHECK(w >= 0 && w < L, "mamba2_replay_step: cursor[%lld] = %d is outside [0, ring_len)", (long long)slot, w);
+  check_replay_cursor(w, L, slot, "mamba2_replay_step");
   cp_async_commit();
   // The fold count (stochastic rounding's Philox counter): read, and waited for, before the block counts in,
   // since the slot's last block increments it.

@@ -418,18 +418,35 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   __syncthreads();
   if (*last_flag) {  // every block of the slot has read the committed entries: write the window's B and dt
+    // (copy_batched: a thread's loads issued together, not one round trip per element)
     act_t* ring_B_w = static_cast<act_t*>(c.ring_B) + slot * c.ring_B_slot_stride;
     const act_t* Ball = static_cast<const act_t*>(p.B) + b * p.B_batch_stride;
-    for (int idx = threadIdx.x; idx < T * p.ngroups * kN; idx += kThreads) {
-      const int k = idx / (p.ngroups * kN), gg = (idx / kN) % p.ngroups, n = idx % kN;
-      ring_B_w[(base + k) * c.ring_B_pos_stride + gg * c.ring_B_group_stride + n] = Ball[k * p.B_token_stride + gg * p.B_group_stride + n];
+    // Element (per_idx 1) or vector (per_idx elements) idx of the window's B, rows (k, group) of kN: its offsets.
+    auto B_at = [&](int idx, int per_idx, int64_t& src, int64_t& dst) {
+      const int row = idx / (kN / per_idx), n = idx % (kN / per_idx) * per_idx, k = row / p.ngroups, gg = row - k * p.ngroups;
+      src = k * p.B_token_stride + gg * p.B_group_stride + n;
+      dst = (base + k) * c.ring_B_pos_stride + gg * c.ring_B_group_stride + n;
+    };
+    if (io_vec) {  // 16-byte vectors (io_vec: B's and the ring's bases and strides are multiples of 16 bytes)
+      constexpr int kV = 16 / sizeof(act_t);
+      copy_batched<kThreads, 4>(T * p.ngroups * (kN / kV),
+          [&](int idx) { int64_t src, dst; B_at(idx, kV, src, dst); return *reinterpret_cast<const uint4*>(Ball + src); },
+          [&](int idx, const uint4& v) { int64_t src, dst; B_at(idx, kV, src, dst); *reinterpret_cast<uint4*>(ring_B_w + dst) = v; });
+    } else {
+      copy_batched<kThreads, 8>(T * p.ngroups * kN,
+          [&](int idx) { int64_t src, dst; B_at(idx, 1, src, dst); return Ball[src]; },
+          [&](int idx, const act_t& v) { int64_t src, dst; B_at(idx, 1, src, dst); ring_B_w[dst] = v; });
     }
-    for (int idx = threadIdx.x; idx < T * p.nheads; idx += kThreads) {
-      const int k = idx / p.nheads, h = idx % p.nheads;
-      c.ring_dt[slot * c.ring_dt_slot_stride + (base + k) * c.ring_dt_pos_stride + h] =
-          process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + k * p.dt_token_stride + h * p.dt_head_stride]),
-                     p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
-    }
+    copy_batched<kThreads, 4>(T * p.nheads,
+        [&](int idx) {  // (dt as the token carries it, and its bias)
+          const int k = idx / p.nheads, h = idx - k * p.nheads;
+          return make_float2(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + k * p.dt_token_stride + h * p.dt_head_stride]),
+                             p.dt_bias ? p.dt_bias[h] : 0.f);
+        },
+        [&](int idx, const float2& v) {
+          const int k = idx / p.nheads, h = idx - k * p.nheads;
+          c.ring_dt[slot * c.ring_dt_slot_stride + (base + k) * c.ring_dt_pos_stride + h] = process_dt(v.x, v.y, p.dt_softplus, p.dt_min, p.dt_max);
+        });
     if (threadIdx.x == 0) {
       atomicSub(&c.arrivals[slot], gridDim.x * gridDim.y);  // zero again for the next launch
       if (early) c.cursor[slot] = 0;
