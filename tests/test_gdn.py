@@ -268,11 +268,14 @@ def test_verify_commit_property_over_many_steps(device, tune, monkeypatch):
 
 # The verify kernel at the benchmark's shape per head (K = V = 128, fp32 checkpoint, bf16 activations).
 VERIFY_TUNES_K128 = {
-    "default": "",  # 16 rows per block at this batch
+    "default": "",  # the fewest rows a block takes at this batch: one 64-row tile (16 with gdn_verify_mma=0)
     "rows-48": "gdn_verify_rows=48",
     "rows-96": "gdn_verify_rows=96",  # a block straddles two value heads; a partial last block
     "rows-30": "gdn_verify_rows=30",  # partial row iterations, scalar ring-u tile
-    "whole-key-head": "gdn_verify_rows=256",  # two row passes per thread
+    "whole-key-head": "gdn_verify_rows=256",  # four 64-row tiles (two row passes a thread with gdn_verify_mma=0)
+    "cuda-cores": "gdn_verify_mma=0",  # the row loop's dots on the CUDA cores (the default: tensor cores, 3xTF32)
+    "cuda-cores-rows-30": "gdn_verify_mma=0,gdn_verify_rows=30",
+    "cuda-cores-rows-96": "gdn_verify_mma=0,gdn_verify_rows=96",
 }
 
 
@@ -281,13 +284,58 @@ VERIFY_TUNES_K128 = {
 @pytest.mark.parametrize("tune", list(VERIFY_TUNES_K128.values()), ids=list(VERIFY_TUNES_K128))
 def test_cuda_verify_launch_configurations_match_the_delta_rule(monkeypatch, tune):
     """gdn_replay_verify + commit at K = V = 128 with bf16 activations under forced launch configurations (a key
-    head's rows over several blocks, blocks straddling value heads, partial iterations): random windows
-    (num_tokens 1..T), random accepted counts, early folds and a pad row. Every tentative output against the float64
-    delta rule; the checkpoint written exactly when a window did not fit; cursors, pending counts and arrival
-    counters as the protocol leaves them; the committed states (gdn_replay_state) against the reference."""
+    head's rows over several blocks, blocks straddling value heads, partial iterations) and with either row loop
+    (tensor cores, CUDA cores): random windows (num_tokens 1..T), random accepted counts, early folds and a pad row.
+    Every tentative output against the float64 delta rule; the checkpoint written exactly when a window did not fit;
+    cursors, pending counts and arrival counters as the protocol leaves them; the committed states
+    (gdn_replay_state) against the reference."""
+    verify_against_the_delta_rule(monkeypatch, tune, HV=4, H=2, K=128, V=128, history=5, T=6)  # T = 6: 4 tokens, then 2
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("K, V, T", [(32, 48, 9), (64, 32, 16), (256, 16, 3)], ids=["K32-T9", "K64-T16", "K256-T3"])
+def test_cuda_verify_tensor_core_dots_at_other_shapes(monkeypatch, K, V, T):
+    """The tensor-core row loop's other key dims (one, two and eight 32-column iterations a row tile) and token
+    counts (three and four n tiles of 4 tokens, one partial; T = 3: one partial), against the float64 delta rule as
+    in the K = 128 test; V = 48 leaves the last 64-row tile of a key head partly empty."""
+    verify_against_the_delta_rule(monkeypatch, "", HV=4, H=2, K=K, V=V, history=4, T=T)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_verify_early_fold_is_the_same_in_both_row_loops(monkeypatch):
+    """An early fold forms the same checkpoint, bit for bit, in the tensor-core row loop and in the CUDA-core one
+    (gdn_verify_mma=0): the same fp32 operations per element in the same order. From one cache state (a committed
+    history built by verifies and commits), the same folding verify runs on two copies of it, one with each loop.
+    (Only the fold is compared: the loops' dots, and so the corrections u they write, differ in their last bits.)"""
+    gen = make_gen()
+    HV, H, K, V, T, L = 4, 2, 128, 128, 4, 8
+    layer = GdnLayer(HV, H, K, V, "cuda", gen)
+    batch = 3
+    ids = torch.arange(batch, dtype=torch.int32, device="cuda")
+    cache = GdnReplayCache.allocate(batch, HV, H, K, V, ring_len=L, device="cuda")
+    cache.checkpoint.copy_(torch.randn(batch, HV, V, K, generator=gen) * 0.1)
+    for _ in range(2):  # cursors 0 -> 3 -> 6: the next window of 4 does not fit a ring of 8
+        tok = layer.token(batch, torch.bfloat16, gen, T=T)
+        replayssm.gdn_replay_verify(cache, **tok, A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids)
+        replayssm.mamba2_replay_commit(cache, ids, torch.full((batch,), 3, dtype=torch.int32, device="cuda"))
+    assert (cache.cursor == 6).all()
+    other = dataclasses.replace(cache, **{f.name: getattr(cache, f.name).clone() for f in dataclasses.fields(cache)
+                                          if isinstance(getattr(cache, f.name), torch.Tensor)})
+    before = cache.checkpoint.clone()
+    tok = layer.token(batch, torch.bfloat16, gen, T=T)
+    for c, tune in ((cache, ""), (other, "gdn_verify_mma=0")):
+        monkeypatch.setenv("REPLAYSSM_TUNE", tune)
+        replayssm.gdn_replay_verify(c, **tok, A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids)
+    assert (cache.cursor == 0).all() and (other.cursor == 0).all()  # both folded
+    assert not torch.equal(cache.checkpoint, before)
+    assert torch.equal(cache.checkpoint, other.checkpoint)
+
+
+def verify_against_the_delta_rule(monkeypatch, tune, HV, H, K, V, history, T):
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     gen = make_gen()
-    HV, H, K, V, history, T = 4, 2, 128, 128, 5, 6  # T = 6: a chunk of 4 tokens, then one of 2
     L = history + T
     layer = GdnLayer(HV, H, K, V, "cuda", gen)
     batch, num_slots = 4, 5
@@ -341,7 +389,7 @@ def test_cuda_verify_launch_configurations_match_the_delta_rule(monkeypatch, tun
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("tune", ["", "gdn_verify_rows=96"], ids=["default", "rows-96"])
+@pytest.mark.parametrize("tune", ["", "gdn_verify_rows=96", "gdn_verify_mma=0"], ids=["default", "rows-96", "cuda-cores"])
 def test_cuda_verify_on_a_strided_checkpoint_equals_the_contiguous_one(monkeypatch, tune):
     """A checkpoint whose value heads are not V rows apart (a slice of a pool with spare rows per head: the row-pass
     kernel then addresses a row by (value head, row) instead of one multiply) gives, bit for bit, the outputs, ring,

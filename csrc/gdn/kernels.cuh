@@ -718,34 +718,86 @@ constexpr int kGdnMaxT = 16;
 // token into the tile vt ([t][row], cp.async when vec_v; the caller commits), q and k of every window token
 // normalised into qn and kn ([t][n]; a warp per vector, warp_sum_squares' bits), and g, alpha = exp(g), beta per
 // (value head of the block, token) into gt, al, bt ([head * head_stride + t]). All Tmax tokens: nothing waits for
-// num_tokens.
-template <typename act_t, int kK, int kThreads>
+// num_tokens. `between()` runs once in every thread after the first of its loads are issued and before their values
+// are used (the caller's cursor-dependent copies: their round trip overlaps the window's).
+template <typename act_t, int kK, int kThreads, typename Between>
 __device__ __forceinline__ void gdn_verify_stage_window(const GdnReplayParams& p, int b, int h, int hv0, int nheads_block, int row_begin,
                                                         int nrows, act_t* vt, int vts, bool vec_v, float* qn, float* kn, float* gt,
-                                                        float* al, float* bt, int head_stride) {
+                                                        float* al, float* bt, int head_stride, const Between& between) {
   const int ratio = p.nheads / p.nkheads, Tmax = p.ntokens, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kWarps = kThreads / 32, kPerLane = (kK + 31) / 32;
   const act_t* v_win = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + int64_t(h) * ratio * p.v_head_stride;
   copy_head_rows<act_t, kThreads>(vt, vts, v_win, p.v_token_stride, p.v_head_stride, p.vdim, row_begin, nrows, Tmax, vec_v);
-  for (int idx = warp; idx < 2 * Tmax; idx += kThreads / 32) {  // a warp per vector: token idx / 2, q (even) or k (odd)
-    const int t = idx >> 1;
-    if (idx & 1) {
-      const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + h * p.k_head_stride;
-      const float ks = p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(k) + kL2NormEps) : 1.f;
-      for (int n = lane; n < kK; n += 32) kn[t * kK + n] = to_float(k[n]) * ks;
-    } else {
-      const act_t* q = static_cast<const act_t*>(p.q) + b * p.q_batch_stride + t * p.q_token_stride + h * p.q_head_stride;
-      const float qs = (p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(q) + kL2NormEps) : 1.f) * p.scale;
-      for (int n = lane; n < kK; n += 32) qn[t * kK + n] = to_float(q[n]) * qs;
-    }
-  }
-  for (int idx = threadIdx.x; idx < nheads_block * Tmax; idx += kThreads) {  // g_t as gdn_prepare_token forms it
-    const int hl = idx / Tmax, t = idx % Tmax, hv = hv0 + hl, e = hl * head_stride + t;
-    const float g = gdn_log_decay(
-        to_float(static_cast<const act_t*>(p.a)[b * p.a_batch_stride + t * p.a_token_stride + hv * p.a_head_stride]),
-        p.dt_bias ? p.dt_bias[hv] : 0.f, p.A_log[hv]);
+  // The loads of the window's scalars and vectors are issued before their values are used: at T <= 4 (2 T <= 8
+  // vectors, 2 a warp; nheads_block T <= 128 pairs) one round trip, where before each warp's vectors came one after
+  // another and the scalars after them; at T = 16 four rounds a warp. A (value head, token) pair per thread: the
+  // first here, any others after the vectors.
+  const int nitems = nheads_block * Tmax;
+  auto item_at = [&](int idx, float& a, float& bias, float& alog, float& beta_raw) {
+    const int hv = hv0 + idx / Tmax, t = idx % Tmax;
+    a = to_float(static_cast<const act_t*>(p.a)[b * p.a_batch_stride + t * p.a_token_stride + hv * p.a_head_stride]);
+    bias = p.dt_bias ? p.dt_bias[hv] : 0.f;
+    alog = p.A_log[hv];
+    beta_raw = to_float(static_cast<const act_t*>(p.b)[b * p.b_batch_stride + t * p.b_token_stride + hv * p.b_head_stride]);
+  };
+  auto item_store = [&](int idx, float a, float bias, float alog, float beta_raw) {  // g_t as gdn_prepare_token forms it
+    const int e = idx / Tmax * head_stride + idx % Tmax;
+    const float g = gdn_log_decay(a, bias, alog);
     gt[e] = g;
     al[e] = expf(g);
-    bt[e] = sigmoid(to_float(static_cast<const act_t*>(p.b)[b * p.b_batch_stride + t * p.b_token_stride + hv * p.b_head_stride]));
+    bt[e] = sigmoid(beta_raw);
+  };
+  float a0 = 0.f, bias0 = 0.f, alog0 = 0.f, beta0 = 0.f;
+  if (threadIdx.x < nitems) item_at(threadIdx.x, a0, bias0, alog0, beta0);
+  // Two vectors a warp at a time (vector idx: token idx / 2, q (even) or k (odd)), both loaded before either is
+  // reduced; each sum of squares in warp_sum_squares' order (its bits).
+  auto vec_at = [&](int idx) {
+    const int t = idx >> 1;
+    return idx & 1 ? static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + h * p.k_head_stride
+                   : static_cast<const act_t*>(p.q) + b * p.q_batch_stride + t * p.q_token_stride + h * p.q_head_stride;
+  };
+  bool between_done = false;
+  for (int idx = warp; idx < 2 * Tmax; idx += 2 * kWarps) {
+    const int idx2 = idx + kWarps < 2 * Tmax ? idx + kWarps : idx;
+    const act_t* x1 = vec_at(idx);
+    const act_t* x2 = vec_at(idx2);
+    act_t r1[kPerLane]{}, r2[kPerLane]{};  // raw: the conversions are the values' first use
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int n = lane + 32 * i;
+      if (n < kK) r1[i] = x1[n], r2[i] = x2[n];
+    }
+    if (!between_done) between(), between_done = true;
+    float v1[kPerLane], v2[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int n = lane + 32 * i;
+      v1[i] = n < kK ? to_float(r1[i]) : 0.f;
+      v2[i] = n < kK ? to_float(r2[i]) : 0.f;
+    }
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (lane + 32 * i < kK) s1 = fmaf(v1[i], v1[i], s1), s2 = fmaf(v2[i], v2[i], s2);
+    s1 = group_sum<32>(s1), s2 = group_sum<32>(s2);
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int id = pass ? idx2 : idx;
+      if (pass && idx2 == idx) break;
+      const float ss = pass ? s2 : s1;
+      const float scale = (p.l2norm ? 1.f / sqrtf(ss + kL2NormEps) : 1.f) * (id & 1 ? 1.f : p.scale);
+      float* dst = (id & 1 ? kn : qn) + (id >> 1) * kK;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i)
+        if (lane + 32 * i < kK) dst[lane + 32 * i] = (pass ? v2[i] : v1[i]) * scale;
+    }
+  }
+  if (!between_done) between();
+  if (threadIdx.x < nitems) item_store(threadIdx.x, a0, bias0, alog0, beta0);
+  for (int idx = threadIdx.x + kThreads; idx < nitems; idx += kThreads) {
+    float a, bias, alog, beta_raw;
+    item_at(idx, a, bias, alog, beta_raw);
+    item_store(idx, a, bias, alog, beta_raw);
   }
 }
 
@@ -788,8 +840,9 @@ __device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& 
 //   stages (each thread copies and later reads only its own vectors); the first stages are issued as soon as the
 //   slot is known. Prologue, while they are in flight: the window's v of the block's rows (a tile), q and k of every
 //   window token normalised into shared memory (warp_sum_squares' bits), g, alpha and beta per (value head, token),
-//   all Tmax tokens (nothing waits for num_tokens); then, with the cursor, u of the block's rows and g of its value
-//   heads from the committed ring (one cp.async group).
+//   all Tmax tokens (nothing waits for num_tokens); with the cursor, u of the block's rows, k of its key head and g
+//   of its value heads from the committed ring (one cp.async group), issued between the window's first loads and
+//   their use.
 // * The row loop only dots the streamed row with the window's k_t and q_t: 2 T sums per row, tokens in chunks of
 //   4 (then 2, 1: no work for tokens past T), each chunk's 2 kC sums reduce-scattered over the row's lanes in one
 //   pass (reduce_scatter, common/cuda_utils.cuh) and stored by the lane that ends with each, into the table `sums`
@@ -799,23 +852,23 @@ __device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& 
 //   tokens), the forward substitution, and coalesced stores of the outputs and the row's corrections.
 // * Block scalars: k_j . k_t and k_j . q_t with 8 lanes per pair, the decay weights a thread per (value head, j, t)
 //   in replay_decays' order (the CPU's values), folded with the dots into WK, WQ ([head][j][t], t padded to 4: one
-//   16-byte load per four tokens). The committed ring k is read from global memory where needed (dots; an early
-//   fold's row update), not staged.
-// * Protocol: a block counts in on the slot's arrival counter once its committed-ring reads are done (a block that
-//   folds early only after its row loop: it reads the committed ring k from global memory there, and the slot's
-//   last block overwrites positions 0..T-1 of it; a block that does not fold reads only positions < cursor, which
-//   nobody writes). The slot's last block to arrive writes the window's k (every key head) and g (every value
-//   head), the pending count and, after an early fold, the cursor (gdn_verify_append_window). Rows' u and the
-//   outputs go straight to global memory.
+//   16-byte load per four tokens). The committed ring k (positions < cursor) is staged in shared memory with the
+//   ring's u and g (the dots and an early fold's row update read it there: before, from global memory, one more
+//   round trip in the prologue and L1 loads in the fold).
+// * Protocol: a block counts in on the slot's arrival counter once its committed-ring reads are done (all of them
+//   end with the prologue; a block that folds early counts in only after its row loop, a conservative leftover from
+//   when it read the ring's k there: the slot's last block overwrites positions 0..T-1 of it). The slot's last block
+//   to arrive writes the window's k (every key head) and g (every value head), the pending count and, after an early
+//   fold, the cursor (gdn_verify_append_window). Rows' u and the outputs go straight to global memory.
 //   flat: the checkpoint's rows are contiguous over value heads (head stride V rows), so a row's address is one
 //   multiply.
 struct GdnVerifyPassSmem {  // byte offsets, each section 16-byte aligned
   int ts;   // floats per [row] table row: rows rounded up to 32, plus the rows of a warp (conflict-free sums stores)
   int vts;  // elements per v tile row: rows rounded up to 8
   int tp;   // tokens rounded up to 4 (the [t] dimension of WK, WQ, the dots and the per-token tables)
-  int staging, ru, sums, qn, kn, vt, gs, gt, bt, al, dec, WK, WQ, KK, KQ, kqt, wf, decf, flag, total;
+  int staging, ru, rk, sums, qn, kn, vt, gs, gt, bt, al, dec, WK, WQ, KK, KQ, kqt, wf, decf, bfrag, flag, total;
   __host__ __device__ GdnVerifyPassSmem(int staging_bytes, int act_bytes, int rows, int rows_per_warp, int K, int L, int T,
-                                        int max_heads) {
+                                        int max_heads, bool mma = false) {
     auto up = [](int v) { return (v + 15) / 16 * 16; };
     ts = (rows + 31) / 32 * 32 + (rows_per_warp >= 4 ? rows_per_warp % 32 : 4);
     vts = (rows + 7) / 8 * 8;
@@ -823,6 +876,7 @@ struct GdnVerifyPassSmem {  // byte offsets, each section 16-byte aligned
     int o = 0;
     staging = o, o += up(staging_bytes);      // [stage][vec][thread] checkpoint vectors
     ru = o, o += up(L * ts * 4);              // [j][row] committed ring u_j of the block's rows
+    rk = o, o += up(L * K * 4);               // [j][n] committed ring k_j of the key head
     sums = o, o += up(2 * tp * ts * 4);       // [2 t + (0: k, 1: q)][row] S_c,row . k_t and S_c,row . q_t
     qn = o, o += up(T * K * 4);               // [t][n] window q_t, normalised and scaled
     kn = o, o += up(T * K * 4);               // [t][n] window k_t, normalised
@@ -839,6 +893,7 @@ struct GdnVerifyPassSmem {  // byte offsets, each section 16-byte aligned
     kqt = o, o += up(tp * 4);                 // [t] k_t . q_t
     wf = o, o += up(max_heads * L * 4);       // [head][j] early fold: exp(g_{j+1} + ... + g_{w-1})
     decf = o, o += up(max_heads * 4);         // [head] early fold: exp(G_w)
+    bfrag = o, o += mma ? tp / 4 * (K / 32) * 2 * 2 * 32 * 16 : 0;  // kMma: [n tile][k quarter][m][hi, lo][lane] float4 of k_t, q_t
     flag = o, o += 16;                        // [0] this block arrived last
     total = o;
   }
@@ -883,6 +938,38 @@ __device__ __forceinline__ void gdn_verify_dots_chunk(const float (&s)[Layout::k
   }
 }
 
+// kMma (gdn_replay_verify_rowpass_kernel, an fp32 checkpoint streamed as it is): the row loop's dots on tensor
+// cores. d += A B for one m16n8k8 tf32 tile (PTX fragments: a0 (row g, k t), a1 (g + 8, t), a2 (g, t + 4), a3
+// (g + 8, t + 4); b0 (k t, column g), b1 (t + 4, g); d0, d1 (row g, columns 2 t, 2 t + 1), d2, d3 (row g + 8);
+// g = lane / 4, t = lane % 4), and the split of an fp32 value into two tf32 values whose sum it is up to 2^-21 of
+// it (hi: its top 19 bits, exactly a tf32; lo: the rest, truncated to tf32): a . b as hi hi + hi lo + lo hi (3xTF32;
+// lo lo, ~2^-20 of the product, dropped) keeps the sums near fp32's accuracy. (An infinite value splits into inf
+// and NaN: a state that has overflowed gives NaN dots where the CUDA-core loop gives inf.)
+__device__ __forceinline__ void mma_tf32_16808(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                               uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(v) & 0xffffe000u;
+  lo = __float_as_uint(v - __uint_as_float(hi)) & 0xffffe000u;
+}
+// The kMma row loop's geometry: a tile of 64 rows (16 a warp: the A tile's m) streamed 32 columns an iteration
+// (four k steps of 8), kK / 32 iterations a tile; a thread stages and reads only its own vectors: rows g and g + 8
+// of its warp's 16, columns 16 m + 4 t .. + 3 (m = 0, 1) of the iteration's 32. Element e of that float4 is, in k
+// step 2 m + e / 2, the A fragment's column t (e even) or t + 4 (e odd): any pairing of A's and B's columns gives
+// the same dot as long as both use it, and this one needs no exchange between lanes.
+template <int kK>
+struct GdnVerifyMma {
+  static constexpr int kQuarters = kK / 32;  // iterations a tile
+  static constexpr int kRows = 64;           // rows a tile (a block's four warps)
+  static constexpr int kVecs = 4;            // 16-byte vectors a thread stages an iteration: [row g, g + 8][m]
+  static constexpr int kRowsPerWarp = 4;     // (GdnVerifyPassSmem's padding: ts % 32 == 4, conflict-free fragment stores)
+  __device__ static int row(int it, int warp, int lane) { return it / kQuarters * kRows + warp * 16 + (lane >> 2); }
+  __device__ static int col(int it, int lane) { return it % kQuarters * 32 + 4 * (lane & 3); }
+};
+
 // The numerical split (MATH.md; replay_cpu(verify=true) in cpu.cpp is the semantics; written as the replay step
 // kernel does it): src_t is what the staging ring streams, the checkpoint (src_t == ckpt_t) or
 // an fp32 checkpoint's bf16 view; an early fold forms the state from the fp32 master row (streaming loads), writes
@@ -894,7 +981,7 @@ __device__ __forceinline__ void gdn_verify_dots_chunk(const float (&s)[Layout::k
 // (ops.cpp: on CUDA a fold counter comes only with a view or a 16-bit checkpoint). `flat`: the streamed rows' head
 // stride is vdim rows.
 template <typename ckpt_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
-          typename src_t = ckpt_t>
+          typename src_t = ckpt_t, bool kMma = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gdn_replay_verify_rowpass_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
                                      const bool vec_k, const bool vec_v, const bool flat) {
@@ -907,6 +994,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
   static_assert(kVec % 4 == 0, "a lane's columns come in groups of four (16-byte loads of k and q)");
   constexpr int kPer = kK / 8;  // the dots: elements of a pair per lane (8 lanes per pair)
+  static_assert(!kMma || (std::is_same_v<src_t, float> && !kView && !kNarrow && kK % 32 == 0 && kThreads == 128),
+                "the tensor-core row loop streams an fp32 checkpoint as it is, 32 columns of 64 rows an iteration");
+  using MmaGeom = GdnVerifyMma<kK>;
   const GdnReplayCacheParams& c = p.cache;
   const int b = blockIdx.z, h = blockIdx.y;  // h: the key head
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
@@ -921,7 +1011,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int head_begin = row_begin / V;  // first value head of the block, within the key head's
   const int nheads_block = (row_begin + nrows - 1) / V - head_begin + 1;
   const int hv0 = h * ratio + head_begin;  // its global index
-  const int n_iter = (nrows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
+  const int n_iter = kMma ? (nrows + MmaGeom::kRows - 1) / MmaGeom::kRows * MmaGeom::kQuarters
+                          : (nrows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int lane_in_row = lane % kLanes;
   const int rl0 = warp * Layout::kRowsPerWarp + lane / kLanes;  // this thread's row of the block in iteration 0
@@ -950,10 +1041,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   };
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const GdnVerifyPassSmem off(kStages * kVecs * kThreads * 16, sizeof(act_t), rows_per_block, Layout::kRowsPerWarp, kK, L, Tmax,
-                              max_heads);
+  const GdnVerifyPassSmem off(kStages * (kMma ? MmaGeom::kVecs : kVecs) * kThreads * 16, sizeof(act_t), rows_per_block,
+                              kMma ? MmaGeom::kRowsPerWarp : Layout::kRowsPerWarp, kK, L, Tmax, max_heads, kMma);
   uint4* staging = reinterpret_cast<uint4*>(smem_raw + off.staging);
   float* ru = reinterpret_cast<float*>(smem_raw + off.ru);
+  float* rk = reinterpret_cast<float*>(smem_raw + off.rk);
   float* sums = reinterpret_cast<float*>(smem_raw + off.sums);
   float* qn = reinterpret_cast<float*>(smem_raw + off.qn);
   float* kn = reinterpret_cast<float*>(smem_raw + off.kn);
@@ -971,9 +1063,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   float* wf = reinterpret_cast<float*>(smem_raw + off.wf);
   float* decf = reinterpret_cast<float*>(smem_raw + off.decf);
   int* last_flag = reinterpret_cast<int*>(smem_raw + off.flag);
+  uint4* bfrag = reinterpret_cast<uint4*>(smem_raw + off.bfrag);
   const int ts = off.ts, vts = off.vts, tp = off.tp;
 
   auto issue = [&](int it) {  // start copying this thread's vectors of iteration `it` (an empty group past the end)
+    if constexpr (kMma) {
+      if (it < n_iter) {
+        const int rg = MmaGeom::row(it, warp, lane), col = MmaGeom::col(it, lane);
+#pragma unroll
+        for (int rs = 0; rs < 2; ++rs)
+          if (rg + 8 * rs < nrows) {
+            const src_t* src = src_row(rg + 8 * rs) + col;
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+              cp_async16(&staging[((it % kStages) * MmaGeom::kVecs + 2 * rs + m) * kThreads + threadIdx.x], src + 16 * m);
+          }
+      }
+      cp_async_commit();
+      return;
+    }
     const int rl = rl0 + it * Layout::kRowsPerIter;
     if (it < n_iter && rl < nrows) {
       const src_t* src = src_row(rl);
@@ -986,23 +1094,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
   for (int it = 0; it < kStages - 1; ++it) issue(it);
 
-  // ---- Prologue: the window (no cursor needed), then the committed ring u of the block's rows and g of its value
-  // heads (positions < cursor; one cp.async group with the v tile).
-  gdn_verify_stage_window<act_t, kK, kThreads>(p, b, h, hv0, nheads_block, row_begin, nrows, vt, vts, vec_v, qn, kn, gt, al, bt, tp);
-  RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "gdn_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
-  RSSM_DEVICE_CHECK(w0 >= 0 && w0 <= L, "gdn_replay_verify: cursor[%lld] = %d is outside [0, ring_len]", (long long)slot, w0);
-  const bool early = w0 + T > L;    // fold the committed history first
-  const int base = early ? 0 : w0;  // ring position of window token 0
-  const float* ring_k = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;  // [j * pos_stride + n]
-  {
+  // ---- Prologue: the window (no cursor needed) and, once its first loads are out, the committed ring u of the block's
+  // rows, k of its key head and g of its value heads (positions < cursor; one cp.async group with the v tile).
+  bool early = false;  // fold the committed history first
+  int base = 0;        // ring position of window token 0
+  auto copy_committed_ring = [&] {
+    RSSM_DEVICE_CHECK(T >= 1 && T <= Tmax, "gdn_replay_verify: num_tokens[%d] = %d is outside [1, T = %d]", b, T, Tmax);
+    RSSM_DEVICE_CHECK(w0 >= 0 && w0 <= L, "gdn_replay_verify: cursor[%lld] = %d is outside [0, ring_len]", (long long)slot, w0);
+    early = w0 + T > L;
+    base = early ? 0 : w0;
     const float* ring_u = c.ring_u + slot * c.ring_u_slot_stride + int64_t(h) * ratio * c.ring_u_head_stride;
+    const float* ring_k = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;  // [j * pos_stride + n]
     const float* ring_g = c.ring_g + slot * c.ring_g_slot_stride + hv0;
     copy_head_rows<float, kThreads>(ru, ts, ring_u, c.ring_u_pos_stride, c.ring_u_head_stride, V, row_begin, nrows, w0, vec_u);
+    copy_head_rows<float, kThreads>(rk, kK, ring_k, c.ring_k_pos_stride, 0, kK, 0, kK, w0, vec_k);
     for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {  // (by cp.async: a plain load would hold the thread)
       const int hl = idx / w0, j = idx % w0;
       cp_async4(&gs[hl * L + j], &ring_g[j * c.ring_g_pos_stride + hl]);
     }
-  }
+  };
+  gdn_verify_stage_window<act_t, kK, kThreads>(p, b, h, hv0, nheads_block, row_begin, nrows, vt, vts, vec_v, qn, kn, gt, al, bt, tp,
+                                               copy_committed_ring);
   cp_async_commit();
   // The fold count (stochastic rounding's Philox counter): read, and the load consumed, before the block counts in,
   // since the slot's last block increments it (an early-folding block counts in after its row loop).
@@ -1015,8 +1127,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   cp_async_wait<0>();
   __syncthreads();  // tiles and window written; every thread of the block has read the cursor and the committed ring
-  // Count in (the answer is used at the end): now when the block does not fold (it reads ring k only at positions
-  // < cursor, which the last block does not write), after the row loop when it does (it reads ring k there).
+  // Count in (the answer is used at the end): now when the block does not fold, after the row loop when it does
+  // (every committed-ring read is done by now either way; see the protocol above).
   const int blocks_per_slot = gridDim.x * gridDim.y;
   int arrived = 0;
   if (threadIdx.x == 0 && !early) arrived = atomicAdd(&c.arrivals[slot], 1);
@@ -1033,10 +1145,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       if (live) {
         const float* kt = kn + t * kK + lane8 * kPer;
         const float* qt = qn + t * kK + lane8 * kPer;
-        const float* kj = (j < base ? ring_k + j * c.ring_k_pos_stride : kn + (j - base) * kK) + lane8 * kPer;
+        const float* kj = (j < base ? rk + j * kK : kn + (j - base) * kK) + lane8 * kPer;
         bool done = false;
         if constexpr (kPer % 4 == 0) {
-          if (j >= base || vec_k) {  // 16-byte loads (the ring's only when it is aligned for them)
+          {  // 16-byte loads
 #pragma unroll
             for (int e = 0; e < kPer; e += 4) {
               const float4 x = *reinterpret_cast<const float4*>(kj + e), y = *reinterpret_cast<const float4*>(kt + e),
@@ -1068,6 +1180,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       wf[hl * L + j] = expf(suffix);
       if (j == 0) decf[hl] = expf(suffix + gs[hl * L]);
     }
+  if constexpr (kMma) {  // the B fragments of k_t and q_t, split (column n = 2 (t % 4) + (0: k, 1: q) of n tile t / 4)
+    const int ntiles = (T + 3) / 4;
+    for (int idx = threadIdx.x; idx < ntiles * MmaGeom::kQuarters * 2 * 32; idx += kThreads) {
+      const int l = idx % 32, m = idx / 32 % 2, kq = idx / 64 % MmaGeom::kQuarters, nt = idx / (64 * MmaGeom::kQuarters);
+      const int t = nt * 4 + (l >> 2) / 2;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (t < T) v = *reinterpret_cast<const float4*>(((l >> 2) & 1 ? qn : kn) + t * kK + kq * 32 + 16 * m + 4 * (l & 3));
+      uint4 hi, lo;
+      split_tf32(v.x, hi.x, lo.x), split_tf32(v.y, hi.y, lo.y), split_tf32(v.z, hi.z, lo.z), split_tf32(v.w, hi.w, lo.w);
+      bfrag[(idx / 32 * 2) * 32 + l] = hi;  // [((nt * kQuarters + kq) * 2 + m) * 2 + (0: hi, 1: lo)][lane]
+      bfrag[(idx / 32 * 2 + 1) * 32 + l] = lo;
+    }
+  }
   __syncthreads();
   // The decay weights, a thread per (value head, j < P, t < tp), each suffix sum in replay_decays' order (the CPU's
   // values), times the dots: WK, WQ (zero where j >= p_t or t >= T); dec[t] = exp(G_{p_t}).
@@ -1090,6 +1215,95 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   __syncthreads();
 
   // ---- Stream the block's rows: the early fold, then the 2 T dots into `sums`.
+  if constexpr (kMma) {
+    const int ntiles = (T + 3) / 4, tq = lane & 3;
+    static_assert(kGdnMaxT <= 16, "four n tiles of 4 tokens");
+    float acc[4][4];  // [n tile][fragment]: rows g, g + 8 of the warp's 16, columns 2 tq (. k_t), 2 tq + 1 (. q_t), t = 4 nt + tq
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+    for (int it = 0; it < n_iter; ++it) {
+      issue(it + kStages - 1);
+      cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
+      const int rg = MmaGeom::row(it, warp, lane), kq = it % MmaGeom::kQuarters, col = MmaGeom::col(it, lane);
+      float a[16];  // [rs * 8 + m * 4 + e]: row rg + 8 rs, column col + 16 m + e (stale past nrows: nothing of it is stored)
+#pragma unroll
+      for (int v = 0; v < 4; ++v)
+        unpack16<src_t>(staging[((it % kStages) * MmaGeom::kVecs + v) * kThreads + threadIdx.x], *reinterpret_cast<float(*)[4]>(&a[4 * v]));
+      if (early) {  // checkpoint <- state at the cursor, the same operations per element as the other row loop; both rows
+                    // in one pass over the committed ring (a ring k vector serves both)
+        int rr[2], hl[2];
+#pragma unroll
+        for (int rs = 0; rs < 2; ++rs) {
+          rr[rs] = rg + 8 * rs < nrows ? rg + 8 * rs : 0;
+          hl[rs] = (row_begin + rr[rs]) / V - head_begin;
+          const float dcy = decf[hl[rs]];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) a[8 * rs + e] *= dcy;
+        }
+#pragma unroll 2
+        for (int j = 0; j < w0; ++j) {
+          const float* kj = rk + j * kK + col;
+          float4 k4[2];
+#pragma unroll
+          for (int m = 0; m < 2; ++m) k4[m] = *reinterpret_cast<const float4*>(kj + 16 * m);
+#pragma unroll
+          for (int rs = 0; rs < 2; ++rs) {
+            const float wu = wf[hl[rs] * L + j] * ru[j * ts + rr[rs]];
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              float* xv = a + 8 * rs + 4 * m;
+              xv[0] = fmaf(wu, k4[m].x, xv[0]), xv[1] = fmaf(wu, k4[m].y, xv[1]), xv[2] = fmaf(wu, k4[m].z, xv[2]), xv[3] = fmaf(wu, k4[m].w, xv[3]);
+            }
+          }
+        }
+#pragma unroll
+        for (int rs = 0; rs < 2; ++rs)
+          if (rg + 8 * rs < nrows)
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+              __stcs(reinterpret_cast<float4*>(ckpt_row(rg + 8 * rs) + col + 16 * m),
+                     make_float4(a[8 * rs + 4 * m], a[8 * rs + 4 * m + 1], a[8 * rs + 4 * m + 2], a[8 * rs + 4 * m + 3]));
+      }
+      uint32_t hi[16], lo[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) split_tf32(a[e], hi[e], lo[e]);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        if (nt < ntiles) {
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            const uint4* bp = bfrag + (((nt * MmaGeom::kQuarters + kq) * 2 + m) * 2) * 32 + lane;
+            const uint4 bh = bp[0], bl = bp[32];
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {  // k step 2 m + ks: A columns t, t + 4 are elements 2 ks, 2 ks + 1
+              const int i = 4 * m + 2 * ks;
+              const uint32_t bh0 = ks ? bh.z : bh.x, bh1 = ks ? bh.w : bh.y, bl0 = ks ? bl.z : bl.x, bl1 = ks ? bl.w : bl.y;
+              mma_tf32_16808(acc[nt], lo[i], lo[8 + i], lo[i + 1], lo[8 + i + 1], bh0, bh1);
+              mma_tf32_16808(acc[nt], hi[i], hi[8 + i], hi[i + 1], hi[8 + i + 1], bl0, bl1);
+              mma_tf32_16808(acc[nt], hi[i], hi[8 + i], hi[i + 1], hi[8 + i + 1], bh0, bh1);
+            }
+          }
+        }
+      }
+      if (kq == MmaGeom::kQuarters - 1) {  // the tile's dots are whole: into `sums`, and the accumulators cleared
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int t = 4 * nt + tq;
+          if (nt < ntiles && t < T)
+#pragma unroll
+            for (int rs = 0; rs < 2; ++rs)
+              if (rg + 8 * rs < nrows) {
+                sums[2 * t * ts + rg + 8 * rs] = acc[nt][2 * rs];
+                sums[(2 * t + 1) * ts + rg + 8 * rs] = acc[nt][2 * rs + 1];
+              }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+        }
+      }
+    }
+  } else {
   for (int it = 0; it < n_iter; ++it) {
     issue(it + kStages - 1);
     cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
@@ -1101,7 +1315,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       unpack16<src_t>(staging[((it % kStages) * kVecs + v) * kThreads + threadIdx.x],
                       *reinterpret_cast<float(*)[kVec]>(&s[v * kVec]));
     }
-    if (early) {  // checkpoint <- state at the cursor, stored as the checkpoint stores it; ring k from global memory
+    if (early) {  // checkpoint <- state at the cursor, stored as the checkpoint stores it; ring k from `rk`
       const int rr = valid ? rl : 0, hl = (row_begin + rr) / V - head_begin;
       const float dcy = decf[hl];
       if constexpr (kView) {  // from this lane's columns of the fp32 master row (the view was streamed)
@@ -1119,19 +1333,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll 2
       for (int j = 0; j < w0; ++j) {
         const float wu = wf[hl * L + j] * ru[j * ts + rr];
-        const float* kj = ring_k + j * c.ring_k_pos_stride;
-        if (vec_k) {
+        const float* kj = rk + j * kK;
 #pragma unroll
-          for (int v = 0; v < kVecs; ++v)
+        for (int v = 0; v < kVecs; ++v)
 #pragma unroll
-            for (int e = 0; e < kVec; e += 4) {
-              const float4 k4 = *reinterpret_cast<const float4*>(kj + Layout::col(lane_in_row, v, e));
-              float* sv = s + v * kVec + e;
-              sv[0] = fmaf(wu, k4.x, sv[0]), sv[1] = fmaf(wu, k4.y, sv[1]), sv[2] = fmaf(wu, k4.z, sv[2]), sv[3] = fmaf(wu, k4.w, sv[3]);
-            }
-        } else {
-          Layout::axpy(wu, kj, lane_in_row, s);
-        }
+          for (int e = 0; e < kVec; e += 4) {
+            const float4 k4 = *reinterpret_cast<const float4*>(kj + Layout::col(lane_in_row, v, e));
+            float* sv = s + v * kVec + e;
+            sv[0] = fmaf(wu, k4.x, sv[0]), sv[1] = fmaf(wu, k4.y, sv[1]), sv[2] = fmaf(wu, k4.z, sv[2]), sv[3] = fmaf(wu, k4.w, sv[3]);
+          }
       }
       if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest); the dots use the view's values
         if (valid) {
@@ -1168,6 +1378,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     for (; t0 + 4 <= T; t0 += 4) gdn_verify_dots_chunk<Layout, 4>(s, kn, qn, t0, lane_in_row, sums_row, ts);
     if (T - t0 >= 2) gdn_verify_dots_chunk<Layout, 2>(s, kn, qn, t0, lane_in_row, sums_row, ts), t0 += 2;
     if (T - t0 >= 1) gdn_verify_dots_chunk<Layout, 1>(s, kn, qn, t0, lane_in_row, sums_row, ts);
+  }
   }
   cp_async_wait<0>();  // (only empty groups remain)
   __syncthreads();     // sums written; every read of the committed ring done
@@ -1296,16 +1507,19 @@ int gdn_rows_per_block(int forced, const GdnTokenParams& p, int64_t target_block
 // kMinBlocks blocks per SM, split evenly (each block repeats the window's prologue), at most the key head's rows, and few
 // enough that kMinBlocks blocks fit an SM's shared memory; gdn_verify_rows forces a value (any value >= 1).
 // src_t: what the row loop streams (the checkpoint, or an fp32 checkpoint's bf16 view).
-template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks, typename src_t = ckpt_t>
+template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks, typename src_t = ckpt_t, bool kMma = false>
 void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   constexpr int kThreads = 128;
   using Layout = RowLayout<src_t, kK, kThreads, 1, kLanes>;
+  using MmaGeom = GdnVerifyMma<kK>;
   const GdnReplayCacheParams& c = p.cache;
   const int ratio = p.nheads / p.nkheads, V = p.vdim, group_rows = ratio * V;
   auto heads_for = [&](int r) { return std::min((r + V - 1) / V + 1, ratio); };
   auto smem_for = [&](int r) {
-    const int staging = kStages * Layout::kVecsPerLane * kThreads * 16;
-    return GdnVerifyPassSmem(staging, sizeof(act_t), r, Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens, heads_for(r)).total;
+    const int staging = kStages * (kMma ? MmaGeom::kVecs : Layout::kVecsPerLane) * kThreads * 16;
+    return GdnVerifyPassSmem(staging, sizeof(act_t), r, kMma ? MmaGeom::kRowsPerWarp : Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens,
+                             heads_for(r), kMma)
+        .total;
   };
   // ~2 waves, the key head's rows split evenly over its blocks: at batch 32 two blocks of 128 rows where ~4 waves
   // gave three of 96, 96 and 64, 4-8% slower at every T and rate in two runs (bench/NOTES.md "Session 6"); at T = 8
@@ -1313,8 +1527,12 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   // a66ec43's bench/results/gdn_speculative.json). At the benchmark's ring of 32, the same rows as before at batch 1,
   // 128 and 256 (longer rings at T = 8 get 96 rows where halving gave 64).
   const int rows_per_block = gdn_rows_per_block(tune_knob("gdn_verify_rows"), p, int64_t(num_sms()) * 2 * kMinBlocks,
-                                                Layout::kRowsPerIter, kMinBlocks, smem_for, /*even=*/true);
+                                                kMma ? MmaGeom::kRows : Layout::kRowsPerIter, kMinBlocks, smem_for, /*even=*/true);
   const int smem = smem_for(rows_per_block);
+  if constexpr (kMma) {  // its B fragments and 64-row tiles need more shared memory: a device with less runs the other loop
+    if (smem > max_smem_per_block())
+      return launch_gdn_replay_verify<ckpt_t, act_t, kK, kStages, kLanes, kMinBlocks, src_t, false>(p, stream);
+  }
   gdn_check_smem(smem, p, c.ring_len, "gdn_replay_verify");
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
   const GdnTileVec vec = gdn_tile_vec<act_t>(p, rows_per_block, true);
@@ -1322,7 +1540,7 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   // a block's streamed rows one stride apart
   const bool flat = std::is_same_v<src_t, ckpt_t> ? c.ckpt_head_stride == int64_t(V) * c.ckpt_row_stride
                                                   : c.view_head_stride == int64_t(V) * c.view_row_stride;
-  auto kernel = gdn_replay_verify_rowpass_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, src_t>;
+  auto kernel = gdn_replay_verify_rowpass_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, src_t, kMma>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
   kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, flat);
   check_cuda(cudaGetLastError(), "gdn_replay_verify kernel launch");
@@ -1348,6 +1566,10 @@ void gdn_replay_verify_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stre
       }
       if (kCkpt == DType::kFloat32 && (c.sr_seed != nullptr || c.fold_count != nullptr))
         throw std::invalid_argument("replayssm: on CUDA a GDN fold counter (fold_count) comes with an output view or a bf16/fp16 checkpoint");
+      // An fp32 checkpoint streamed as it is: the dots on tensor cores (3xTF32) unless gdn_verify_mma=0.
+      if constexpr (kCkpt == DType::kFloat32 && kK % 32 == 0)
+        if (tune_knob("gdn_verify_mma") != 0)
+          return launch_gdn_replay_verify<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3, ckpt_t, true>(p, stream);
       return launch_gdn_replay_verify<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3>(p, stream);
     });
   });

@@ -100,13 +100,13 @@ struct RowLayout {
 #pragma unroll
     for (int v = 0; v < kVecsPerLane; ++v) {
       const Raw raw = *reinterpret_cast<const Raw*>(x + col(lane_in_row, v, 0));
-      uint32_t w[kWords];
-      if constexpr (kWords == 4)
-        w[0] = raw.x, w[1] = raw.y, w[2] = raw.z, w[3] = raw.w;
-      else
-        w[0] = raw.x, w[1] = raw.y;
       float f[kVec];
-      unpack_words<T, kWords>(w, f);
+      if constexpr (kWords == 4) {
+        unpack16<T>(raw, f);
+      } else {
+        const uint32_t w[2] = {raw.x, raw.y};
+        unpack_words<T, 2>(w, f);
+      }
 #pragma unroll
       for (int e = 0; e < kVec; ++e) s[v * kVec + e] = fmaf(a, f[e], s[v * kVec + e]);
     }
