@@ -70,13 +70,18 @@ def make_inputs(batch, n_layers, L, gen, device="cuda"):
 # pdl=1,pdl_ring_ahead=0: with PDL, the replay's ring requested after the wait (the default requests it before).
 # step_split_loads=1: the step's load order under PDL (state rows, then the inputs) without PDL: the order's own cost.
 STEP_TUNES = ["step_unroll=1", "step_unroll=2", "step_unroll=4", "step_unroll=8", "step_unroll=8,step_bps=2", "pdl=1",
-              "step_split_loads=1"]
+              "step_split_loads=1", "step_unroll=1,step_bps=16"]
+# (step_unroll=1,step_bps=16: at batch 1, 2048 blocks of 4 rows, mamba_ssm's Triton grid for N = 128)
 # (replay_rows=64 and replay_prefetch=1: for batch 1, where the default's 32-row blocks (one row iteration per
 # block, 256 blocks, the ring prefetched) leave the replay slower than the step, and for 32 (~4 waves, no prefetch).)
+# replay_small=0: the general kernel (v10) where the default takes the small one (grids of at most a block per SM:
+# batch 1 here; csrc/mamba2/replay_small.cuh); the v10 knobs above (replay_rows, replay_prefetch, ...) force v10 too.
+# small_arrive: where the small kernel's blocks announce that they have read the cursor (1, the default: first).
 # replay_fold_first=-1 is the default configuration (tune_knob reads -1 as unset) timed as a separate graph: at batch
 # 256 the default entry and identical tune entries differed by 4-11% in session 10 (bench/NOTES.md).
 REPLAY_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=1", "replay_rows=64", "replay_rows=128", "replay_rows=256", "replay_rows=512", "replay_prefetch=0", "replay_prefetch=1", "stream_lean=0",
-                "fold_pair=0", "fold_pair=1", "replay_sm_rows=0", "pdl=1", "pdl=1,pdl_ring_ahead=0"]
+                "fold_pair=0", "fold_pair=1", "replay_sm_rows=0", "pdl=1", "pdl=1,pdl_ring_ahead=0", "replay_small=0",
+                "pdl=1,replay_small=0", "small_arrive=0", "small_arrive=2", "pdl=1,small_arrive=0"]
 VIEW_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=1", "stream_lean=0", "replay_rows=128", "replay_rows=256",
               "replay_rows=512", "replay_rows=1024", "view_fold_lean=0", "view_bps=3",
               "view_bps=3,replay_rows=256", "pdl=1", "pdl=1,pdl_ring_ahead=0", "pdl=1,replay_fold_first=0"]  # (with the order kernel ahead PDL is off)

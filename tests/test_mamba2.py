@@ -553,6 +553,66 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+@pytest.mark.parametrize("case", [
+    dict(H=8, P=64, N=128, G=2, L=16, act=torch.bfloat16),
+    dict(H=8, P=64, N=128, G=2, L=32, act=torch.bfloat16),
+    dict(H=6, P=64, N=128, G=3, L=2, act=torch.float16),
+    dict(H=24, P=32, N=64, G=3, L=5, act=torch.bfloat16),
+    dict(H=4, P=48, N=128, G=1, L=7, act=torch.float32),
+    dict(H=6, P=16, N=32, G=2, L=3, act=torch.float32),
+], ids=lambda c: "H{H}P{P}N{N}G{G}L{L}-{act}".format(**c).replace("torch.", ""))
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("arrive", ["", ",small_arrive=0", ",small_arrive=2"], ids=["arrive1", "arrive0", "arrive2"])
+def test_cuda_small_replay_gives_v10_bits(monkeypatch, case, graph, arrive):
+    """The small replay-step kernel (csrc/mamba2/replay_small.cuh: grids of at most a block per SM, e.g. batch 1)
+    computes every output, checkpoint row, ring entry and cursor with the same fp32 operations in the same order as
+    the general kernel (v10): over 2L + 3 tokens from random cursors (folds at every position of the cycle), with pad
+    rows, slots out of order and rings up to its limit of 32, both kernels give the same bits, eager and in a CUDA
+    graph, wherever its blocks announce their arrival (small_arrive). (REPLAYSSM_TUNE replay_small=1 forces the small
+    kernel, 0 forbids it.)"""
+    seed = torch.randint(0, 2**31 - 1, ()).item()
+    gen = torch.Generator().manual_seed(seed)
+    H, P, N, G, L, act = (case[k] for k in ("H", "P", "N", "G", "L", "act"))
+    batch, num_slots, dev = 5, 7, "cuda"
+    ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
+    ids[3] = PAD_SLOT
+    ids = ids.to(dev)
+    layer = Layer(H, P, G, N, dev, gen)
+    cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=act, device=dev)
+    cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen) * 0.5)
+    for t in (cache.ring_x, cache.ring_B):
+        t.copy_(torch.randn(t.shape, generator=gen))
+    cache.ring_dt.copy_(torch.rand(cache.ring_dt.shape, generator=gen) * 0.1)
+    cache.cursor.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))
+    tokens = 2 * L + 3
+    toks = [layer.token(batch, act, gen) for _ in range(tokens)]
+    inputs = [torch.stack([tk[k] for tk in toks]) for k in ("x", "dt", "B", "C", "z")]
+    outs = torch.full((tokens, batch, H, P), float("nan"), dtype=act, device=dev)
+
+    def one_token(pools, x, dt, B, C, z, out):
+        replayssm.mamba2_replay_step(pools[0], x, dt, layer.A, B, C, z=z, slot_ids=ids, out=out, **layer.kwargs())
+
+    def chain(env):
+        out = outs.clone()
+        state = run_chain(monkeypatch, env, one_token, [clone_cache(cache)], inputs, out, graph)
+        return out, state
+
+    want_out, want_state = chain({"REPLAYSSM_TUNE": "replay_small=0"})
+    got_out, got_state = chain({"REPLAYSSM_TUNE": "replay_small=1" + arrive})
+    assert torch.isnan(want_out[:, 3]).all() and torch.isfinite(want_out[:, [0, 1, 2, 4]].float()).all()
+    assert (want_out[:, [0, 1, 2, 4]] != 0).float().mean() > 0.9
+    assert torch.equal(got_out.nan_to_num(), want_out.nan_to_num()) and torch.isnan(got_out[:, 3]).all()
+    for k in want_state[0]:
+        assert torch.equal(got_state[0][k], want_state[0][k]), k
+    assert (got_state[0]["arrivals"] == 0).all()
+    # (the folds happened: every live slot's cursor moved by tokens mod L)
+    before = cache.cursor.cpu()
+    live = ids[[0, 1, 2, 4]].cpu().long()
+    assert got_state[0]["cursor"].cpu()[live].tolist() == ((before[live] + tokens) % L).tolist()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
 @pytest.mark.parametrize("value", ["2", "yes", "true"])
 def test_cuda_pdl_switch_takes_only_0_or_1(monkeypatch, value):
     """REPLAYSSM_PDL is 0 or 1: any other value is an error that names it, never a silent choice of either."""
@@ -568,3 +628,14 @@ def test_cuda_pdl_switch_takes_only_0_or_1(monkeypatch, value):
     out = replayssm.mamba2_step(state, x, dt, A, B, B, slot_ids=ids)  # (and 1 is taken)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and state[1].abs().sum() > 0 and not state[0].any()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+def test_cuda_bad_small_arrive_knob_raises(monkeypatch):
+    gen = make_gen()
+    layer, cache, tok, ids = _small_args("cuda", gen=gen)  # (fp32, N = 32, headdim 8: a shape the small kernel takes)
+    monkeypatch.setenv("REPLAYSSM_TUNE", "replay_small=1,small_arrive=3")
+    with pytest.raises(ValueError, match="small_arrive must be 0, 1 or 2"):
+        replayssm.mamba2_replay_step(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], z=tok["z"],
+                                     slot_ids=ids, **layer.kwargs())

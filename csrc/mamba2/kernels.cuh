@@ -24,6 +24,11 @@
 //   view_bps         a bf16 view's replay step (bf16 activations, N = 128): 4 or 3 blocks per SM (default 4 for rings
 //                    up to 16, the length measured; 3 past it; kernels.cuh below)
 //   verify_rows      rows of a group per verify block (forced; verify.cuh)
+//   replay_small     0: never the small replay-step kernel (replay_small.cuh; default: grids of at most a block
+//                    per SM, fp32 checkpoint, no view, and no replay_rows / replay_prefetch / replay_sm_rows /
+//                    fold_pair / stream_lean forced), 1: whenever the shape allows, at any batch
+//   small_arrive     where the small replay kernel's block announces it has read the cursor: 1 (default) once
+//                    warp 0 has it, 2 after warp 0's dots, 0 after the block's barrier (replay_small.cuh)
 #pragma once
 
 #include <algorithm>
@@ -475,6 +480,7 @@ __device__ __forceinline__ void copy_head_rows(T* dst, int dst_stride, const T* 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 #include "replay_step.cuh"  // the replay-step kernel
+#include "replay_small.cuh"  // and its small form for grids of at most a block per SM
 
 template <DType kCkpt>
 void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
@@ -488,7 +494,11 @@ void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStrea
       // served the split until session 4 (bench/results/mamba2_decode.json, d8f3208, as REPLAYSSM_TUNE
       // replay_variant=3): the view 7.8 / 58.6 / 160.4 / 296.4 us at batch 1 / 32 / 128 / 256 against 7.2 /
       // 61.3 / 170.7 / 317.1.
-      if (p.cache.view == nullptr) return launch_mamba2_replay_step_v10<ckpt_t, act_t, kN>(p, stream);
+      if (p.cache.view == nullptr) {
+        if constexpr (kCkpt == DType::kFloat32)  // (batch 1: replay_small.cuh)
+          if (launch_mamba2_replay_step_small<act_t, kN>(p, stream)) return;
+        return launch_mamba2_replay_step_v10<ckpt_t, act_t, kN>(p, stream);
+      }
       if constexpr (kCkpt == DType::kFloat32)
       {
         // bf16 activations, N = 128: 4 blocks of 128 threads per SM (128 registers, C_t read from shared memory) in
