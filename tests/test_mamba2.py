@@ -562,7 +562,7 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
     dict(H=6, P=16, N=32, G=2, L=3, act=torch.float32),
 ], ids=lambda c: "H{H}P{P}N{N}G{G}L{L}-{act}".format(**c).replace("torch.", ""))
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("arrive", ["", ",small_arrive=0", ",small_arrive=2"], ids=["arrive1", "arrive0", "arrive2"])
+@pytest.mark.parametrize("arrive", ["", ",small_arrive=1", ",small_arrive=2"], ids=["arrive-default", "arrive1", "arrive2"])
 def test_cuda_small_replay_gives_v10_bits(monkeypatch, case, graph, arrive):
     """The small replay-step kernel (csrc/mamba2/replay_small.cuh: grids of at most a block per SM, e.g. batch 1)
     computes every output, checkpoint row, ring entry and cursor with the same fp32 operations in the same order as

@@ -27,8 +27,8 @@
 //   replay_small     0: never the small replay-step kernel (replay_small.cuh; default: grids of at most a block
 //                    per SM, fp32 checkpoint, no view, and no replay_rows / replay_prefetch / replay_sm_rows /
 //                    fold_pair / stream_lean forced), 1: whenever the shape allows, at any batch
-//   small_arrive     where the small replay kernel's block announces it has read the cursor: 1 (default) once
-//                    warp 0 has it, 2 after warp 0's dots, 0 after the block's barrier (replay_small.cuh)
+//   small_arrive     where the small replay kernel's block announces it has read the cursor: 0 (default) after
+//                    the block's barrier, 1 once warp 0 has it, 2 after warp 0's dots (replay_small.cuh)
 #pragma once
 
 #include <algorithm>

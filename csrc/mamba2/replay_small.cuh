@@ -8,8 +8,7 @@
 // in a straight line: a block per (head, batch row) with 256 threads, a thread's checkpoint columns loaded straight
 // into registers (no staging), the ring's B_j loaded by the lanes that form B_j . C_t (no shared-memory round trip
 // before the dots), the head's decays formed by warp 0 while the other warps form the dots, and one block barrier
-// (two at folds). Only warp 0 reads the cursor, and its block's arrival (the count that lets the slot's last block
-// advance the cursor) leaves right after: its round trip no longer ends the step.
+// (two at folds). Only warp 0 reads the cursor, so the other warps form their dots without waiting for it.
 // Per row and column the same fp32 operations in the same order as v10's lean path (REPLAYSSM_TUNE stream_lean,
 // the default): the same bits (tests/test_mamba2.py, test_cuda_small_replay_gives_v10_bits).
 //
@@ -84,11 +83,13 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
   for (int q = 0; q < kWords; ++q) braw[q] = j < L - 1 ? reinterpret_cast<const uint4*>(ring_B + j * c.ring_B_pos_stride)[q] : uint4{};
   float* ring_dt = c.ring_dt + slot * c.ring_dt_slot_stride + h;
   const float dt_ring = warp == 0 && lane < L - 1 ? ring_dt[lane * c.ring_dt_pos_stride] : 0.f;
-  // Warp 0 alone reads the cursor (w) and announces its block's arrival as soon as it has: the slot's last block to
-  // arrive then knows that every block has read it and may advance it at its end. The arrival's round trip thus
-  // overlaps the step. `arrive` (REPLAYSSM_TUNE small_arrive) places it: 1 (default) once w is checked, 2 after
-  // warp 0's dots, 0 after the block's barrier (session 29's first form). Each is correct: no other warp reads the
-  // cursor. The other warps need w only after the barrier (the dots are formed for every ring position and B_t).
+  // Warp 0 alone reads the cursor (w); its block then announces its arrival (the count that tells the slot's last
+  // block that every block has read the cursor, so that it may advance it). `arrive` (REPLAYSSM_TUNE small_arrive)
+  // places the announcement: 0 (default) after the block's barrier, 1 once warp 0 has w, 2 after warp 0's dots; each
+  // is correct, no other warp reads the cursor. Batch 1, one H200 run (bench/results/session29/, call 3): 5.28 /
+  // 5.52 / 5.60 us, with PDL 3.39 / 3.48 us for 0 / 1: the early atomics (every head's block on one counter) slow
+  // the step instead of hiding a round trip. The other warps need w only after the barrier (the dots are formed for
+  // every ring position and for B_t).
   int w = warp == 0 ? __ldcg(c.cursor + slot) : 0;
 
   pdl_wait();
@@ -256,7 +257,7 @@ bool launch_mamba2_replay_step_small(const Mamba2ReplayStepParams& p, cudaStream
                          aligned16(p.B) && p.B_batch_stride % kV == 0 && p.B_group_stride % kV == 0 && aligned16(p.C) &&
                          p.C_batch_stride % kV == 0 && p.C_group_stride % kV == 0;
     const bool resident = int64_t(p.batch) * p.nheads <= int64_t(num_sms());
-    const int arrive = tune_knob("small_arrive") >= 0 ? tune_knob("small_arrive") : 1;
+    const int arrive = tune_knob("small_arrive") >= 0 ? tune_knob("small_arrive") : 0;
     if (arrive > 2) throw std::invalid_argument("replayssm: REPLAYSSM_TUNE small_arrive must be 0, 1 or 2");
     if (!shape_ok || !aligned || (knob != 1 && !resident) || p.batch > 65535) return false;
     launch_maybe_pdl(mamba2_replay_step_small_kernel<act_t, kN>, dim3(p.nheads, p.batch), K::kThreads, 0, stream,
