@@ -17,7 +17,7 @@
 # variants: candidate kernel changes prepared without a GPU, as patch files in bench/patches/, measured in one
 # call, their builds in parallel (one build's time for all). VARIANTS lists NAME=patch+patch... (NAME alone: the
 # tree as it is); each is copied to /tmp/var/NAME, patched and built in place; then each entry of VRUNS,
-# NAME:KIND with KIND mamba2, gdn, spec or gdnspec (that `--tune` benchmark, plus VBENCH_ARGS, into
+# NAME:KIND with KIND mamba2, gdn, spec or gdnspec (that `--tune` benchmark, plus VBENCH_ARGS_KIND or VBENCH_ARGS, into
 # $OUT/KIND_NAME.json), test (the CUDA tests, -k VTEST_K when set) or sanitize (memcheck over the CUDA tests of
 # VSAN_TESTS, default tests, -k VSAN_K when set), runs in order in its copy (logs in /tmp/var:
 # the call prints their tails). The working tree is left as it was. Example (session 7):
@@ -108,7 +108,8 @@ for step in $STEPS; do
               python3 -m pytest -q -x -m cuda ${VSAN_TESTS:-tests} ${VSAN_K:+-k "$VSAN_K"} ;;
           *) case $kind in mamba2) script=bench_mamba2.py ;; gdn) script=bench_gdn.py ;; spec) script=bench_speculative.py ;;
                gdnspec) script=bench_gdn_speculative.py ;; *) echo "=== unknown run kind $kind"; status=1; cd - > /dev/null; continue ;; esac
-             LOGDIR=/tmp/var run "${kind}_$name" python3 bench/$script --tune ${VBENCH_ARGS:-} --out "$OUT/${kind}_$name.json" ;;
+             kargs=VBENCH_ARGS_$kind  # (VBENCH_ARGS_mamba2, ..._gdnspec: one kind's arguments, else VBENCH_ARGS)
+             LOGDIR=/tmp/var run "${kind}_$name" python3 bench/$script --tune ${!kargs:-${VBENCH_ARGS:-}} --out "$OUT/${kind}_$name.json" ;;
         esac
         unset PYTHONPATH; cd - > /dev/null
       done ;;
