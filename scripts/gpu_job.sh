@@ -93,7 +93,7 @@ for step in $STEPS; do
         mkdir -p /tmp/var/$name
         tar --exclude=./build --exclude=./.git --exclude=./.venv --exclude='./replayssm/_C*.so' -cf - . | tar -xf - -C /tmp/var/$name
         ( cd /tmp/var/$name && { for p in ${patches//+/ }; do git apply "bench/patches/$p.patch" || exit 1; done
-          MAX_JOBS=8 python3 setup.py build_ext --inplace; } > build.log 2>&1 ) &
+          MAX_JOBS=${VMAX_JOBS:-8} python3 setup.py build_ext --inplace; } > build.log 2>&1 ) &
       done
       t0=$SECONDS; wait; echo "=== variant builds: $((SECONDS - t0)) s"
       for v in ${VARIANTS:-base}; do name=${v%%=*}
