@@ -578,5 +578,78 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
     pdl = {"REPLAYSSM_PDL": "1"}
     extra = ([dict(pdl, REPLAYSSM_TUNE=t) for t in ("replay_fold_first=1", "pdl_ring_ahead=0", "gdn_replay_prefetch=0")] if kind != "step"
              else [])
+    if kind == "replay":  # the small kernel (replay_small.cuh), plain and with PDL
+        extra += [{"REPLAYSSM_PDL": "0", "REPLAYSSM_TUNE": "gdn_replay_small=1"}, dict(pdl, REPLAYSSM_TUNE="gdn_replay_small=1")]
     envs = [{"REPLAYSSM_PDL": "0"}, pdl] + extra
     assert_chains_agree(lambda env: _gdn_pdl_chain(monkeypatch, kind, env, seed, graph, layers), envs)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", [
+    dict(HV=4, H=2, V=128, L=4),
+    dict(HV=6, H=2, V=64, L=32),
+    dict(HV=2, H=2, V=32, L=2),
+    dict(HV=32, H=16, V=128, L=16),
+], ids=lambda c: "HV{HV}H{H}V{V}L{L}".format(**c))
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph):
+    """The small GDN replay-step kernel (csrc/gdn/replay_small.cuh: grids of at most a block per SM, e.g. batch 1)
+    computes every output, checkpoint row, ring entry and cursor with the same fp32 operations in the same order as
+    the general kernel's default layout for an fp32 checkpoint and bf16 activations (8 lanes a row): over 2L + 3
+    tokens from random cursors and ring contents (folds at every position of the cycle), with a pad row, slots out of
+    order and rings up to its limit of 32, both kernels give the same bits, eager and in a CUDA graph (with PDL:
+    test_cuda_pdl_launches_give_the_same_bits). (REPLAYSSM_TUNE gdn_replay_small=1 forces the small kernel, 0 forbids
+    it.)"""
+    seed = torch.randint(0, 2**31 - 1, ()).item()
+    gen = torch.Generator().manual_seed(seed)
+    HV, H, V, L = (case[k] for k in ("HV", "H", "V", "L"))
+    K, batch, num_slots, dev, act = 128, 5, 7, "cuda", torch.bfloat16
+    ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
+    ids[3] = PAD_SLOT
+    ids = ids.to(dev)
+    layer = GdnLayer(HV, H, K, V, dev, gen)
+    cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device=dev)
+    cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen) * 0.1)
+    cache.ring_u.copy_(torch.randn(cache.ring_u.shape, generator=gen) * 0.1)
+    cache.ring_k.copy_(torch.nn.functional.normalize(torch.randn(cache.ring_k.shape, generator=gen), dim=-1))
+    cache.ring_g.copy_(-torch.rand(cache.ring_g.shape, generator=gen) * 0.1)
+    cache.cursor.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))
+    tokens = 2 * L + 3
+    toks = [layer.token(batch, act, gen) for _ in range(tokens)]
+    inputs = [torch.stack([tk[k] for tk in toks]) for k in ("q", "k", "v", "a", "b")]
+    outs = torch.full((tokens, batch, HV, V), float("nan"), dtype=act, device=dev)
+
+    def one_token(pools, q, k, v, a, b, out):
+        replayssm.gdn_replay_step(pools[0], q, k, v, a, b, layer.A_log, slot_ids=ids, dt_bias=layer.dt_bias, out=out)
+
+    def fresh():  # a copy of the starting cache
+        return GdnReplayCache(**{k: None if t is None else t.clone() for k, t in vars(cache).items()})
+
+    def chain(env):
+        out = outs.clone()
+        return out, run_chain(monkeypatch, env, one_token, [fresh()], inputs, out, graph)[0]
+
+    want_out, want_state = chain({"REPLAYSSM_PDL": "0", "REPLAYSSM_TUNE": "gdn_replay_small=0"})
+    got_out, got_state = chain({"REPLAYSSM_PDL": "0", "REPLAYSSM_TUNE": "gdn_replay_small=1"})
+    live = [0, 1, 2, 4]
+    assert torch.isnan(want_out[:, 3]).all() and torch.isfinite(want_out[:, live].float()).all()
+    assert (want_out[:, live] != 0).float().mean() > 0.9
+    assert torch.equal(got_out.nan_to_num(), want_out.nan_to_num()) and torch.isnan(got_out[:, 3]).all()
+    for k in want_state:
+        assert torch.equal(got_state[k], want_state[k]), k
+    assert (got_state["arrivals"] == 0).all()
+    before = cache.cursor.cpu()
+    rows = ids[live].cpu().long()
+    assert got_state["cursor"].cpu()[rows].tolist() == ((before[rows] + tokens) % L).tolist()
+    # (and the pad slot's cache is untouched: only live slots' rows moved)
+    pad_free = sorted(set(range(num_slots)) - set(rows.tolist()))
+    for k in ("checkpoint", "ring_u", "ring_k", "ring_g", "cursor"):
+        assert torch.equal(got_state[k][pad_free], getattr(cache, k)[pad_free]), k
+    if not graph:  # (the small kernel ran: the comparison above is not the general kernel against itself)
+        monkeypatch.setenv("REPLAYSSM_TUNE", "gdn_replay_small=1")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            one_token([fresh()], *(x[0] for x in inputs), outs[0].clone())
+            torch.cuda.synchronize()
+        monkeypatch.delenv("REPLAYSSM_TUNE")
+        assert any("gdn_replay_step_small_kernel" in e.key for e in prof.key_averages())

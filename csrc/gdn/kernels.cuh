@@ -55,12 +55,15 @@
 //                      for a view, and for a plain cache past one resident wave; as Mamba-2's)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
 //   gdn_verify_rows    rows of a key head's value heads (HV/H * V) per gdn_replay_verify block (forced; any value >= 1)
+//   gdn_replay_small   the replay step's small kernel (replay_small.cuh): 2 (default) for grids of at most a block per
+//                      SM, 1 whenever the shape allows, 0 never
 #pragma once
 
 #include <algorithm>
 #include <string>
 
 #include "../common/cuda_utils.cuh"
+#include "../common/fast_div.h"
 #include "../common/math.h"
 #include "../common/rounding.h"
 #include "../mamba2/kernels.cuh"  // RowLayout, ReplayLanes, cp_async16, copy_head_rows, aligned16
@@ -877,9 +880,14 @@ struct GdnVerifyPassSmem {  // byte offsets, each section 16-byte aligned
     staging = o, o += up(staging_bytes);      // [stage][vec][thread] checkpoint vectors
     ru = o, o += up(L * ts * 4);              // [j][row] committed ring u_j of the block's rows
     rk = o, o += up(L * K * 4);               // [j][n] committed ring k_j of the key head
-    sums = o, o += up(2 * tp * ts * 4);       // [2 t + (0: k, 1: q)][row] S_c,row . k_t and S_c,row . q_t
-    qn = o, o += up(T * K * 4);               // [t][n] window q_t, normalised and scaled
-    kn = o, o += up(T * K * 4);               // [t][n] window k_t, normalised
+    if (mma) {  // the row loop reads q_t, k_t from bfrag: qn and kn die at the barrier before it, and sums overlays them
+      qn = o, kn = o + up(T * K * 4), sums = o;
+      o += up(2 * tp * ts * 4) > 2 * up(T * K * 4) ? up(2 * tp * ts * 4) : 2 * up(T * K * 4);
+    } else {
+      sums = o, o += up(2 * tp * ts * 4);     // [2 t + (0: k, 1: q)][row] S_c,row . k_t and S_c,row . q_t
+      qn = o, o += up(T * K * 4);             // [t][n] window q_t, normalised and scaled
+      kn = o, o += up(T * K * 4);             // [t][n] window k_t, normalised
+    }
     vt = o, o += up(T * vts * act_bytes);     // [t][row] window v_t (raw)
     gs = o, o += up(max_heads * L * 4);       // [head][j] committed ring g_j
     gt = o, o += up(max_heads * tp * 4);      // [head][t] g_t
@@ -1515,12 +1523,13 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   const GdnReplayCacheParams& c = p.cache;
   const int ratio = p.nheads / p.nkheads, V = p.vdim, group_rows = ratio * V;
   auto heads_for = [&](int r) { return std::min((r + V - 1) / V + 1, ratio); };
-  auto smem_for = [&](int r) {
-    const int staging = kStages * (kMma ? MmaGeom::kVecs : Layout::kVecsPerLane) * kThreads * 16;
+  auto smem_at = [&](int r, int stages) {
+    const int staging = stages * (kMma ? MmaGeom::kVecs : Layout::kVecsPerLane) * kThreads * 16;
     return GdnVerifyPassSmem(staging, sizeof(act_t), r, kMma ? MmaGeom::kRowsPerWarp : Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens,
                              heads_for(r), kMma)
         .total;
   };
+  auto smem_for = [&](int r) { return smem_at(r, kStages); };
   // ~2 waves, the key head's rows split evenly over its blocks: at batch 32 two blocks of 128 rows where ~4 waves
   // gave three of 96, 96 and 64, 4-8% slower at every T and rate in two runs (bench/NOTES.md "Session 6"); at T = 8
   // halving for shared memory gave 88 rows (evened to 64) where 128 fit, 1.17-1.27x the time of 128 rows (session 7,
@@ -1528,10 +1537,16 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   // 128 and 256 (longer rings at T = 8 get 96 rows where halving gave 64).
   const int rows_per_block = gdn_rows_per_block(tune_knob("gdn_verify_rows"), p, int64_t(num_sms()) * 2 * kMinBlocks,
                                                 kMma ? MmaGeom::kRows : Layout::kRowsPerIter, kMinBlocks, smem_for, /*even=*/true);
+  if constexpr (kMma && kMinBlocks == 4) {  // four blocks an SM only where they keep the rows three blocks get (the
+    // window's prologue is per block: 128-row blocks were 20% slower than 256-row ones, bench/NOTES.md session 27)
+    const int rows_at_three = gdn_rows_per_block(tune_knob("gdn_verify_rows"), p, int64_t(num_sms()) * 2 * 3, MmaGeom::kRows, 3,
+                                                 [&](int r) { return smem_at(r, 3); }, /*even=*/true);
+    if (rows_per_block < rows_at_three) return launch_gdn_replay_verify<ckpt_t, act_t, kK, 3, kLanes, 3, src_t, true>(p, stream);
+  }
   const int smem = smem_for(rows_per_block);
   if constexpr (kMma) {  // its B fragments and 64-row tiles need more shared memory: a device with less runs the other loop
     if (smem > max_smem_per_block())
-      return launch_gdn_replay_verify<ckpt_t, act_t, kK, kStages, kLanes, kMinBlocks, src_t, false>(p, stream);
+      return launch_gdn_replay_verify<ckpt_t, act_t, kK, 3, kLanes, 3, src_t, false>(p, stream);
   }
   gdn_check_smem(smem, p, c.ring_len, "gdn_replay_verify");
   const int chunks = (group_rows + rows_per_block - 1) / rows_per_block;
@@ -1566,10 +1581,15 @@ void gdn_replay_verify_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stre
       }
       if (kCkpt == DType::kFloat32 && (c.sr_seed != nullptr || c.fold_count != nullptr))
         throw std::invalid_argument("replayssm: on CUDA a GDN fold counter (fold_count) comes with an output view or a bf16/fp16 checkpoint");
-      // An fp32 checkpoint streamed as it is: the dots on tensor cores (3xTF32) unless gdn_verify_mma=0.
+      // An fp32 checkpoint streamed as it is: the dots on tensor cores (3xTF32) unless gdn_verify_mma=0; two stages and
+      // four blocks an SM (128 registers; at K = V = 128, T = 4 and a 12-token ring a block's 256 rows then take 55 KB:
+      // four fit) where that keeps the rows a block gets at three blocks an SM; else three stages and three blocks.
       if constexpr (kCkpt == DType::kFloat32 && kK % 32 == 0)
-        if (tune_knob("gdn_verify_mma") != 0)
-          return launch_gdn_replay_verify<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3, ckpt_t, true>(p, stream);
+        if (tune_knob("gdn_verify_mma") != 0) {
+          if (tune_knob("gdn_verify_4bps") == 0)  // (REPLAYSSM_TUNE: three stages and three blocks an SM, as before)
+            return launch_gdn_replay_verify<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3, ckpt_t, true>(p, stream);
+          return launch_gdn_replay_verify<ckpt_t, act_t, kK, 2, GdnStepLanes<ckpt_t, kK>::value, 4, ckpt_t, true>(p, stream);
+        }
       return launch_gdn_replay_verify<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3>(p, stream);
     });
   });
@@ -1705,6 +1725,8 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
   });
 }
 
+#include "replay_small.cuh"  // the replay step's small form for grids of at most a block per SM (REPLAYSSM_TUNE gdn_replay_small)
+
 // Default configuration (kStages 3, ReplayLanes (4 lanes of 32 columns for K = 128 fp32), 3 blocks per SM): two
 // stages in flight while a third is read, 128 bytes of a row per thread per stage: ~96 KiB of checkpoint reads
 // outstanding per SM. src_t: what the row loop streams (the checkpoint, or an fp32 checkpoint's bf16 view).
@@ -1789,6 +1811,8 @@ void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
       using act_t = typename CudaType<kAct>::type;
+      if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128)
+        if (launch_gdn_replay_step_small<act_t>(p, stream)) return;  // (replay_small.cuh: REPLAYSSM_TUNE gdn_replay_small)
       if (p.cache.view != nullptr) {  // the numerical split: the bf16 view of an fp32 checkpoint streamed for S k and S q
         if constexpr (kCkpt == DType::kFloat32) {
           using view_t = __nv_bfloat16;
