@@ -1,4 +1,4 @@
-// Routes each GDN op to the instantiation for its state dtype (defined in kernels_*.cu).
+// Routes each GDN op to the instantiation for its state dtype (defined in step_, replay_ and verify_*.cu).
 #include "cuda.h"
 #include "kernels.cuh"
 

@@ -498,39 +498,25 @@ inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr)
 #include "replay_step.cuh"  // the replay-step kernel
 #include "replay_small.cuh"  // and its small form for grids of at most a block per SM
 
+// The replay step with the bf16 output view of an fp32 checkpoint: defined in replay_view_f32.cu (its own translation
+// unit, so that the build's longest one stays short).
+void mamba2_replay_step_cuda_view(const Mamba2ReplayStepParams& p, cudaStream_t stream);
+
 template <DType kCkpt>
 void mamba2_replay_step_cuda_for_ckpt(const Mamba2ReplayStepParams& p, cudaStream_t stream) {
+  if (p.cache.view != nullptr) {
+    if constexpr (kCkpt == DType::kFloat32) return mamba2_replay_step_cuda_view(p, stream);
+    throw std::invalid_argument("replayssm: on CUDA the output view must be of an fp32 checkpoint");
+  }
   using ckpt_t = typename CudaType<kCkpt>::type;
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.dstate, kN, [&] {
       using act_t = typename CudaType<kAct>::type;
       // One kernel for every cache (replay_step.cuh). Plain caches, and 16-bit checkpoints with stochastic
-      // rounding at folds: three stages. The bf16 view of an fp32 checkpoint: six (kStreamStages), the same bytes
-      // in flight per thread as an fp32 checkpoint's three (N >= 32). Measured against the general kernel that
-      // served the split until session 4 (bench/results/mamba2_decode.json, d8f3208, as REPLAYSSM_TUNE
-      // replay_variant=3): the view 7.8 / 58.6 / 160.4 / 296.4 us at batch 1 / 32 / 128 / 256 against 7.2 /
-      // 61.3 / 170.7 / 317.1.
-      if (p.cache.view == nullptr) {
-        if constexpr (kCkpt == DType::kFloat32)  // (batch 1: replay_small.cuh)
-          if (launch_mamba2_replay_step_small<act_t, kN>(p, stream)) return;
-        return launch_mamba2_replay_step_v10<ckpt_t, act_t, kN>(p, stream);
-      }
-      if constexpr (kCkpt == DType::kFloat32)
-      {
-        // bf16 activations, N = 128: 4 blocks of 128 threads per SM (128 registers, C_t read from shared memory) in
-        // 4 stages (3 in flight per block: 12 per SM, against 15 for 3 blocks of 6; 6 stages do not leave 4 blocks
-        // of 256 rows room in an SM's shared memory). H200, session 16 (bench/results/session16/), us at batch
-        // 1 / 32 / 128 / 256, L = 16: 7.23 / 39.5 / 106.7 / 197.9 against 3 blocks of 6 stages' 7.17 / 41.0 / 107.0 /
-        // 199.5. The default up to rings of 16 (the length measured: past ~24 its blocks no longer fit 4 per SM);
-        // REPLAYSSM_TUNE view_bps=4 / 3 forces either form.
-        if constexpr (kAct == DType::kBFloat16 && kN == 128) {
-          const int bps = tune_knob("view_bps");
-          if (bps == 4 || (bps != 3 && p.cache.ring_len <= 16))
-            return launch_mamba2_replay_step_v10<float, act_t, kN, __nv_bfloat16, 4, 4>(p, stream);
-        }
-        return launch_mamba2_replay_step_v10<float, act_t, kN, __nv_bfloat16, kStreamStages>(p, stream);
-      }
-      throw std::invalid_argument("replayssm: on CUDA the output view must be of an fp32 checkpoint");
+      // rounding at folds: three stages.
+      if constexpr (kCkpt == DType::kFloat32)  // (batch 1: replay_small.cuh)
+        if (launch_mamba2_replay_step_small<act_t, kN>(p, stream)) return;
+      return launch_mamba2_replay_step_v10<ckpt_t, act_t, kN>(p, stream);
     });
   });
 }

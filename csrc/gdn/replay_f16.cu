@@ -1,0 +1,6 @@
+// Instantiates the GDN replay step for one checkpoint dtype (see step_f16.cu for the file split).
+#include "kernels.cuh"
+
+namespace replayssm {
+template void gdn_replay_step_cuda_for_ckpt<DType::kFloat16>(const GdnReplayParams&, cudaStream_t);
+}  // namespace replayssm
