@@ -35,7 +35,6 @@
 #include <type_traits>
 
 #include "../common/cuda_utils.cuh"
-#include "../common/fast_div.h"
 #include "../common/fold_order.cuh"
 #include "../common/math.h"
 #include "../common/rounding.h"
@@ -160,90 +159,75 @@ struct RowLayout {
 // Grid (row chunks of P, H, batch); a block streams rows_per_block rows of one head.
 template <typename state_t, typename act_t, int kN, int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepParams p, const int rows_per_block,
-                                                               const bool split_loads, const uint64_t group_magic) {
+                                                               const bool split_loads) {
   using Layout = RowLayout<state_t, kN, kThreads, kUnroll>;
   const int b = blockIdx.z, h = blockIdx.y;
-  const int g = fast_div(h, group_magic);  // h / (nheads / ngroups) (common/fast_div.h)
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int lane_in_row = lane % Layout::kLanesPerRow, row_in_warp = lane / Layout::kLanesPerRow;
-  const int row_begin = blockIdx.x * rows_per_block;
-  const int row_end = min(p.headdim, row_begin + rows_per_block);
-  const act_t* x = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + h * p.x_head_stride;
-  auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
-  float s[kUnroll][Layout::kColsPerLane];
-  float xv[kUnroll], zv[kUnroll];
-  const act_t* z = static_cast<const act_t*>(p.z) + b * p.z_batch_stride + h * p.z_head_stride;
-  // The token's inputs (x, z, dt, B, C) need neither the slot nor the state: without PDL they are requested first,
-  // before the slot's load returns (a pad row's are read and dropped: they are rows of the same input tensors).
-  // At batch 1 B and C had waited for the slot and then for two integer divisions (the group index), and arrived
-  // after the state (bench/NOTES.md, session 30).
-  float dt_raw = 0.f, dt_bias = 0.f, Ah = 0.f, Dh = 0.f, Braw[Layout::kColsPerLane], Cv[Layout::kColsPerLane];
-  auto load_inputs = [&](int base) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int r = row_of(base, u);
-      if (r < row_end) {
-        if (p.z && lane_in_row == 0) zv[u] = to_float(z[r]);  // fetched with the row: the output never waits
-        xv[u] = to_float(x[r]);
-      }
-    }
-  };
-  auto load_token = [&] {
-    dt_raw = to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]);
-    if (p.dt_bias) dt_bias = p.dt_bias[h];
-    if (p.D) Dh = p.D[h];
-    Ah = p.A[h];
-    const act_t* Bp = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
-    const act_t* Cp = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
-#pragma unroll
-    for (int v = 0; v < Layout::kVecsPerLane; ++v)
-#pragma unroll
-      for (int e = 0; e < Layout::kVec; ++e) {
-        Braw[v * Layout::kVec + e] = to_float(Bp[Layout::col(lane_in_row, v, e)]);
-        Cv[v * Layout::kVec + e] = to_float(Cp[Layout::col(lane_in_row, v, e)]);
-      }
-    load_inputs(row_begin);
-  };
-  if (!split_loads) load_token();
-
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) {  // (waits first with PDL: no block of a step triggers before the launch ahead is done)
     pdl_wait();
     return;
   }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane_in_row = lane % Layout::kLanesPerRow, row_in_warp = lane / Layout::kLanesPerRow;
+  const int row_begin = blockIdx.x * rows_per_block;
+  const int row_end = min(p.headdim, row_begin + rows_per_block);
   state_t* S = static_cast<state_t*>(p.state) + slot * p.state_slot_stride + h * p.state_head_stride;
   const int64_t dst = p.dst_slot_ids ? slot_at(p.dst_slot_ids, p.slot_ids_int64, b) : slot;
   RSSM_DEVICE_CHECK(dst >= 0 && dst < p.num_slots, "mamba2_step: dst_slot_ids[%d] = %lld is out of range", b, (long long)dst);
   state_t* S_out = S + (dst - slot) * p.state_slot_stride;  // the new state's row (S itself in place)
-  auto load_state = [&](int base) {
+  const act_t* x = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + h * p.x_head_stride;
+  auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
+  float s[kUnroll][Layout::kColsPerLane];
+  float xv[kUnroll], zv[kUnroll];
+  const act_t* z = static_cast<const act_t*>(p.z) + b * p.z_batch_stride + h * p.z_head_stride;
+  auto load_rows = [&](int base, bool state, bool inputs) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
       if (r < row_end) {
+        if (inputs && p.z && lane_in_row == 0) zv[u] = to_float(z[r]);  // fetched with the row: the output never waits
+        if (state) {
 #pragma unroll
-        for (int v = 0; v < Layout::kVecsPerLane; ++v)
-          load16_stream(S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0),
-                        *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+          for (int v = 0; v < Layout::kVecsPerLane; ++v)
+            load16_stream(S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0),
+                          *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+        }
+        if (inputs) xv[u] = to_float(x[r]);
       }
     }
   };
-  // The state needs only the slot. With PDL (split_loads; common/cuda_utils.cuh) it is requested before the kernel
-  // ahead on the stream has finished, the token's inputs only after (the split order without PDL, REPLAYSSM_TUNE
-  // step_split_loads=1, measured 5.93 us against 5.45 at batch 1 in one run, with the inputs after the state then:
-  // bench/results/session19/mamba2_tune_x_call1.json).
-  load_state(row_begin);
+  // The state needs only the slot: in flight while dt, B and C arrive. With PDL (split_loads; common/cuda_utils.cuh)
+  // it is requested before the kernel ahead on the stream has finished, the token's inputs only after. Without it
+  // each row's input loads go with its state loads, and no wait (a compiler barrier even where it is a no-op) orders
+  // the code: at batch 1 the split order measured 5.93 us against 5.45 without it in one run (REPLAYSSM_TUNE
+  // step_split_loads=1; bench/results/session19/mamba2_tune_x_call1.json).
   if (split_loads) {
+    load_rows(row_begin, true, false);
     pdl_wait();
     pdl_trigger();
-    load_token();
+    load_rows(row_begin, false, true);
+  } else {
+    load_rows(row_begin, true, true);
   }
 
-  const float dt = process_dt(dt_raw, dt_bias, p.dt_softplus, p.dt_min, p.dt_max);
-  const float decay = expf(dt * Ah);
-  float Bv[Layout::kColsPerLane];
+  const int g = h / (p.nheads / p.ngroups);
+  const float dt = process_dt(to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]),
+                              p.dt_bias ? p.dt_bias[h] : 0.f, p.dt_softplus, p.dt_min, p.dt_max);
+  const float decay = expf(dt * p.A[h]);
+  float Bv[Layout::kColsPerLane], Cv[Layout::kColsPerLane];
+  {
+    const act_t* Bp = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
+    const act_t* Cp = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
 #pragma unroll
-  for (int c = 0; c < Layout::kColsPerLane; ++c) Bv[c] = Braw[c] * dt;  // dt folded into B
+    for (int v = 0; v < Layout::kVecsPerLane; ++v)
+#pragma unroll
+      for (int e = 0; e < Layout::kVec; ++e) {
+        Bv[v * Layout::kVec + e] = to_float(Bp[Layout::col(lane_in_row, v, e)]) * dt;  // dt folded into B
+        Cv[v * Layout::kVec + e] = to_float(Cp[Layout::col(lane_in_row, v, e)]);
+      }
+  }
 
   // Every block has rows (the launcher's chunks), so the loop runs at least once: written as do-while, with no
   // guard ahead of the first iteration. With the guard, nvcc placed the C_t loads after it (their only use is in
@@ -251,7 +235,7 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   // session 21); now they leave with B_t's.
   int base = row_begin;
   do {
-    if (base != row_begin) load_state(base), load_inputs(base);
+    if (base != row_begin) load_rows(base, true, true);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
@@ -269,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
       }
       y = group_sum<Layout::kLanesPerRow>(y);
       if (r < row_end && lane_in_row == 0) {
-        if (p.D) y = fmaf(Dh, xv[u], y);
+        if (p.D) y = fmaf(p.D[h], xv[u], y);
         if (p.z) y *= silu(zv[u]);
         static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + r] = from_float<act_t>(y);
       }
@@ -295,7 +279,7 @@ void launch_mamba2_step(const Mamba2StepParams& p, cudaStream_t stream) {
   // (REPLAYSSM_TUNE step_split_loads=1: the PDL order without PDL, the A/B of the order alone)
   const bool pdl = pdl_requested(), split_loads = pdl || tune_knob("step_split_loads") > 0;
   launch_maybe_pdl(mamba2_step_kernel<state_t, act_t, kN, kThreads, kUnroll>, grid, kThreads, 0, stream, pdl,
-                   "mamba2_step kernel launch", p, rows_per_block, split_loads, fast_div_magic(p.nheads / p.ngroups));
+                   "mamba2_step kernel launch", p, rows_per_block, split_loads);
 }
 
 template <DType kState>

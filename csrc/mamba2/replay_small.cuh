@@ -29,73 +29,30 @@ struct SmallReplay {
 };
 
 template <typename act_t, int kN>
-__global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const Mamba2ReplayStepParams p, const int arrive,
-                                                                          const bool pdl, const uint64_t group_magic) {
+__global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const Mamba2ReplayStepParams p, const int arrive) {
   using K = SmallReplay<act_t, kN>;
   using Layout = typename K::Layout;
   static_assert(K::kSupported, "the launcher routes only supported shapes here");
   constexpr int kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kPer = K::kPer, kWords = K::kWords;
   const Mamba2ReplayCacheParams& c = p.cache;
   const int h = blockIdx.x, b = blockIdx.y;
-  const int L = c.ring_len, g = fast_div(h, group_magic);  // h / (nheads / ngroups) (common/fast_div.h)
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int lane_in_row = lane & 3, r = warp * Layout::kRowsPerWarp + (lane >> 2);  // this thread's row (p)
-  const bool row_ok = r < p.headdim;
-  const int j = tid >> 3, lane8 = tid & 7;  // the dot B_j . C_t this thread shares, and its eighth of N
-  constexpr int kTj = K::kMaxRing - 1;  // the dot group of B_t (ring positions stop at L - 2 <= 30)
-
-  // ---- This token's inputs need neither the slot nor the cache: without PDL they are requested first, before the
-  // slot's load returns (a pad row's are read and dropped); with PDL after the wait (the kernel ahead writes them).
-  const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
-  const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
-  uint4 braw[kWords], ctraw[kWords];  // braw: B_j of ring position j, or B_t in group kTj (no such position)
-  float Cv[kCols];                    // this lane's columns of C_t (the row's dot)
-  act_t xt_raw = from_float<act_t>(0.f);
-  float zt = 0.f, Dh = 0.f, dt_raw = 0.f, dt_bias = 0.f, Ah = 0.f;
-  auto load_token = [&] {
-#pragma unroll
-    for (int q = 0; q < kWords; ++q) {
-      if (j == kTj) braw[q] = reinterpret_cast<const uint4*>(Bt + lane8 * kPer)[q];
-      ctraw[q] = reinterpret_cast<const uint4*>(Ct + lane8 * kPer)[q];
-    }
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      float* cv = &Cv[v * 4];
-      const act_t* src = Ct + Layout::col(lane_in_row, v, 0);
-      if constexpr (sizeof(act_t) == 4) {
-        const float4 f = *reinterpret_cast<const float4*>(src);
-        cv[0] = f.x, cv[1] = f.y, cv[2] = f.z, cv[3] = f.w;
-      } else {
-        const uint2 raw = *reinterpret_cast<const uint2*>(src);
-        const uint32_t words[2] = {raw.x, raw.y};
-        unpack_words<act_t, 2>(words, *reinterpret_cast<float(*)[4]>(cv));
-      }
-    }
-    const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + h * p.x_head_stride;
-    if (row_ok) xt_raw = x_t[r];
-    if (p.z && row_ok) zt = to_float(static_cast<const act_t*>(p.z)[b * p.z_batch_stride + h * p.z_head_stride + r]);
-    if (p.D) Dh = p.D[h];
-    if (warp == 0) {
-      dt_raw = to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]);
-      if (p.dt_bias) dt_bias = p.dt_bias[h];
-      Ah = p.A[h];
-    }
-  };
-#pragma unroll
-  for (int q = 0; q < kWords; ++q) braw[q] = uint4{};
-  if (!pdl) load_token();
-
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) {  // (waits first with PDL, as v10)
     pdl_wait();
     return;
   }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
+  const int L = c.ring_len, heads_per_group = p.nheads / p.ngroups, g = h / heads_per_group;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int lane_in_row = lane & 3, r = warp * Layout::kRowsPerWarp + (lane >> 2);  // this thread's row (p)
+  const bool row_ok = r < p.headdim;
+  const int j = tid >> 3, lane8 = tid & 7;  // the dot B_j . C_t this thread shares, and its eighth of N
 
   __shared__ __align__(16) act_t xs[K::kMaxRing - 1][K::kRows];  // the head's ring x, positions 0..L-2
   __shared__ __align__(16) float Bs[K::kMaxRing][kN];            // at folds: B_j (j < w) and B_t (row kTj)
   __shared__ float bc_s[K::kMaxRing], wdt_s[K::kMaxRing], decay_s;  // bc_s[kMaxRing - 1]: B_t . C_t
   __shared__ int w_s;
+  constexpr int kTj = K::kMaxRing - 1;  // the dot group of B_t (ring positions stop at L - 2 <= 30)
 
   // ---- One trip: everything below needs only the slot (the cache) or nothing (this token's inputs, after the PDL
   // wait). The ring is read whole, before the cursor is known; entries past it are ignored.
@@ -113,21 +70,17 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
   }
   const act_t* ring_x = static_cast<const act_t*>(c.ring_x) + slot * c.ring_x_slot_stride + h * c.ring_x_head_stride;
   {
-    // (16-byte words of a position over a fixed stride of kRows / kChunk: no runtime division; those past the
-    // head's headdim are skipped)
-    constexpr int kPosWords = K::kRows / K::kChunk;
     const int per_pos = p.headdim / K::kChunk;
-    for (int idx = tid; idx < (L - 1) * kPosWords; idx += K::kThreads) {
-      const int jj = idx / kPosWords, k = idx % kPosWords;
-      if (k < per_pos) cp_async16(&xs[jj][k * K::kChunk], ring_x + jj * c.ring_x_pos_stride + k * K::kChunk);
+    for (int idx = tid; idx < (L - 1) * per_pos; idx += K::kThreads) {
+      const int jj = idx / per_pos, k = idx - jj * per_pos;
+      cp_async16(&xs[jj][k * K::kChunk], ring_x + jj * c.ring_x_pos_stride + k * K::kChunk);
     }
     cp_async_commit();
   }
   const act_t* ring_B = static_cast<const act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + g * c.ring_B_group_stride + lane8 * kPer;
-  if (j < L - 1) {
+  uint4 braw[kWords];
 #pragma unroll
-    for (int q = 0; q < kWords; ++q) braw[q] = reinterpret_cast<const uint4*>(ring_B + j * c.ring_B_pos_stride)[q];
-  }
+  for (int q = 0; q < kWords; ++q) braw[q] = j < L - 1 ? reinterpret_cast<const uint4*>(ring_B + j * c.ring_B_pos_stride)[q] : uint4{};
   float* ring_dt = c.ring_dt + slot * c.ring_dt_slot_stride + h;
   const float dt_ring = warp == 0 && lane < L - 1 ? ring_dt[lane * c.ring_dt_pos_stride] : 0.f;
   // Warp 0 alone reads the cursor (w); its block then announces its arrival (the count that tells the slot's last
@@ -139,10 +92,40 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
   // every ring position and for B_t).
   int w = warp == 0 ? __ldcg(c.cursor + slot) : 0;
 
-  if (pdl) {
-    pdl_wait();
-    pdl_trigger();
-    load_token();
+  pdl_wait();
+  pdl_trigger();
+
+  const act_t* Bt = static_cast<const act_t*>(p.B) + b * p.B_batch_stride + g * p.B_group_stride;
+  const act_t* Ct = static_cast<const act_t*>(p.C) + b * p.C_batch_stride + g * p.C_group_stride;
+  uint4 ctraw[kWords];  // (and B_t in group kTj's braw, whose ring position does not exist)
+#pragma unroll
+  for (int q = 0; q < kWords; ++q) {
+    if (j == kTj) braw[q] = reinterpret_cast<const uint4*>(Bt + lane8 * kPer)[q];
+    ctraw[q] = reinterpret_cast<const uint4*>(Ct + lane8 * kPer)[q];
+  }
+  float Cv[kCols];  // this lane's columns of C_t (the row's dot)
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) {
+    float* cv = &Cv[v * 4];
+    const act_t* src = Ct + Layout::col(lane_in_row, v, 0);
+    if constexpr (sizeof(act_t) == 4) {
+      const float4 f = *reinterpret_cast<const float4*>(src);
+      cv[0] = f.x, cv[1] = f.y, cv[2] = f.z, cv[3] = f.w;
+    } else {
+      const uint2 raw = *reinterpret_cast<const uint2*>(src);
+      const uint32_t words[2] = {raw.x, raw.y};
+      unpack_words<act_t, 2>(words, *reinterpret_cast<float(*)[4]>(cv));
+    }
+  }
+  const act_t* x_t = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + h * p.x_head_stride;
+  const act_t xt_raw = row_ok ? x_t[r] : from_float<act_t>(0.f);
+  const float zt = p.z && row_ok ? to_float(static_cast<const act_t*>(p.z)[b * p.z_batch_stride + h * p.z_head_stride + r]) : 0.f;
+  const float Dh = p.D ? p.D[h] : 0.f;
+  float dt_raw = 0.f, dt_bias = 0.f, Ah = 0.f;
+  if (warp == 0) {
+    dt_raw = to_float(static_cast<const act_t*>(p.dt)[b * p.dt_batch_stride + h * p.dt_head_stride]);
+    if (p.dt_bias) dt_bias = p.dt_bias[h];
+    Ah = p.A[h];
   }
   int arrived = 0;
   if (warp == 0) {
@@ -188,8 +171,7 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
   if (arrive == 0 && tid == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
   w = w_s;
   const bool fold = is_fold_step(w, L);
-  const bool first_of_group = h == 0 || fast_div(h - 1, group_magic) != g;
-  if (!fold && j == kTj && first_of_group) {  // the group's first head appends B_t (exact: it came as act_t)
+  if (!fold && j == kTj && h % heads_per_group == 0) {  // the group's first head appends B_t (exact: it came as act_t)
     act_t* dst = static_cast<act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + w * c.ring_B_pos_stride +
                  g * c.ring_B_group_stride + lane8 * kPer;
 #pragma unroll
@@ -278,9 +260,8 @@ bool launch_mamba2_replay_step_small(const Mamba2ReplayStepParams& p, cudaStream
     const int arrive = tune_knob("small_arrive") >= 0 ? tune_knob("small_arrive") : 0;
     if (arrive > 2) throw std::invalid_argument("replayssm: REPLAYSSM_TUNE small_arrive must be 0, 1 or 2");
     if (!shape_ok || !aligned || (knob != 1 && !resident) || p.batch > 65535) return false;
-    const bool pdl = pdl_requested();
-    launch_maybe_pdl(mamba2_replay_step_small_kernel<act_t, kN>, dim3(p.nheads, p.batch), K::kThreads, 0, stream, pdl,
-                     "mamba2_replay_step small kernel launch", p, arrive, pdl, fast_div_magic(p.nheads / p.ngroups));
+    launch_maybe_pdl(mamba2_replay_step_small_kernel<act_t, kN>, dim3(p.nheads, p.batch), K::kThreads, 0, stream,
+                     pdl_requested(), "mamba2_replay_step small kernel launch", p, arrive);
     return true;
   }
 }
