@@ -1,6 +1,6 @@
 // Exact integer division by a launch-time constant as one wide multiply, for the decode kernels' head -> group
 // index: a runtime `/` is ~20 dependent SASS instructions (I2F, MUFU.RCP, ...; two when the divisor is itself a
-// quotient, nheads / ngroups), and at batch 1 they sat between a kernel's start and its B and C loads.
+// quotient, nheads / ngroups), and at batch 1 they sit between a kernel's start and its first input loads.
 //
 // n / d == (n * m) >> 32 with m = floor(2^32 / d) + 1, for 0 <= n < 2^16 and 1 <= d < 2^16: n * m / 2^32 =
 // n / d + n * e / 2^32 with 0 < e <= 1, so the excess is below 2^-16 < 1 / d, the least distance from a
