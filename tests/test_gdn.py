@@ -653,7 +653,8 @@ def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph):
             torch.cuda.synchronize()
         monkeypatch.delenv("REPLAYSSM_TUNE")
         events = prof.key_averages()
-        if not any(e.device_type == torch.autograd.DeviceType.CUDA for e in events):
+        ran = any("gdn_replay_step_small_kernel" in e.key for e in events)
+        if not ran and not any(e.device_type == torch.autograd.DeviceType.CUDA for e in events):
             # CUPTI unavailable (under compute-sanitizer it has another subscriber); the bits were checked above
             pytest.skip("the CUDA profiler recorded no kernel, so which kernel ran cannot be checked here")
-        assert any("gdn_replay_step_small_kernel" in e.key for e in events), [e.key for e in events]
+        assert ran, [e.key for e in events]
