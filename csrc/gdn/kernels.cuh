@@ -1805,30 +1805,22 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
                    heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring, ring_ahead);
 }
 
+// The replay step with the bf16 output view of an fp32 checkpoint: defined in replay_view_f32.cu (its own translation
+// unit, so that the build's longest one stays short).
+void gdn_replay_step_cuda_view(const GdnReplayParams& p, cudaStream_t stream);
+
 template <DType kCkpt>
 void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream) {
+  if (p.cache.view != nullptr) {  // the numerical split: the bf16 view of an fp32 checkpoint streamed for S k and S q
+    if constexpr (kCkpt == DType::kFloat32) return gdn_replay_step_cuda_view(p, stream);
+    throw std::invalid_argument("replayssm: on CUDA the GDN output view must be of an fp32 checkpoint");
+  }
   using ckpt_t = typename CudaType<kCkpt>::type;
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
       using act_t = typename CudaType<kAct>::type;
       if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128)
         if (launch_gdn_replay_step_small<act_t>(p, stream)) return;  // (replay_small.cuh: REPLAYSSM_TUNE gdn_replay_small)
-      if (p.cache.view != nullptr) {  // the numerical split: the bf16 view of an fp32 checkpoint streamed for S k and S q
-        if constexpr (kCkpt == DType::kFloat32) {
-          using view_t = __nv_bfloat16;
-          // K >= 128: 16 columns per lane in six stages (gdn_replay_variant=2's layout; the same bytes in flight as
-          // ReplayLanes' 32 columns in three, which spill with the view at 168 registers: ptxas -v, 150 here).
-          // (Session 12: with a `switch` as the first `if constexpr`'s statement, nvcc 13.0 compiled and launched the
-          // last line's kernels for K >= 128 views of fp32/fp16 activations (ptxas's entry list), whose launch failed
-          // on the H200 with "invalid device function". This form, 2794ff3's, compiles the intended ones.)
-          if constexpr (kK == 128 && kAct == DType::kBFloat16)
-            if (tune_knob("gdn_view_variant") != 0) return launch_gdn_replay_step<float, act_t, kK, 4, GdnStepLanes<view_t, kK>::value, 4, view_t>(p, stream);
-          if constexpr (kK >= 128) return launch_gdn_replay_step<float, act_t, kK, 6, GdnStepLanes<view_t, kK>::value, 3, view_t>(p, stream);
-          else return launch_gdn_replay_step<float, act_t, kK, 3, ReplayLanes<view_t, kK>::value, 3, view_t>(p, stream);
-        } else {
-          throw std::invalid_argument("replayssm: on CUDA the GDN output view must be of an fp32 checkpoint");
-        }
-      }
       if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128) {
         // The benchmark's configuration: 16 columns per lane in four stages, 4 blocks per SM (faster than the
         // generic 3/4/3 by 6-13% at batch 32-128 and level at 256 once the row loop deferred its epilogue,
