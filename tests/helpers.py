@@ -56,6 +56,11 @@ class Layer:
         return R.mamba2_step(state64, tok["x"], dt, cpu(self.A), tok["B"], tok["C"], cpu(self.D), tok["z"])
 
 
+def clone_cache(cache):
+    """A copy of a replay cache (any of the package's cache dataclasses) with every tensor cloned."""
+    return dataclasses.replace(cache, **{k: v.clone() for k, v in vars(cache).items() if isinstance(v, torch.Tensor)})
+
+
 def run_chain(monkeypatch, env, one_token, pools, inputs, outs, graph):
     """Decodes outs.shape[0] tokens with one_token(pools, *inputs_t, out_t) (inputs: tensors with a leading token axis;
     pools: state tensors or caches, which it updates), with the environment variables `env` set. With `graph`, one
@@ -63,7 +68,7 @@ def run_chain(monkeypatch, env, one_token, pools, inputs, outs, graph):
     replayed, each token's inputs copied into the captured ones. Returns the pools' tensors at the end (a cache as a
     dict of its tensors)."""
     tensors = lambda p: {k: v for k, v in vars(p).items() if isinstance(v, torch.Tensor)}
-    clone = lambda p: p.clone() if isinstance(p, torch.Tensor) else dataclasses.replace(p, **{k: v.clone() for k, v in tensors(p).items()})
+    clone = lambda p: p.clone() if isinstance(p, torch.Tensor) else clone_cache(p)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     torch.cuda.synchronize()

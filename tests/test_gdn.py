@@ -10,7 +10,7 @@ import replayssm
 from replayssm import PAD_SLOT, GdnReplayCache
 from replayssm import reference as R
 
-from helpers import DTYPES, UNIT_ROUNDOFF, assert_chains_agree, rel_err, run_chain, tolerance
+from helpers import DTYPES, UNIT_ROUNDOFF, assert_chains_agree, clone_cache, rel_err, run_chain, tolerance
 
 
 def make_gen():
@@ -623,12 +623,9 @@ def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph):
     def one_token(pools, q, k, v, a, b, out):
         replayssm.gdn_replay_step(pools[0], q, k, v, a, b, layer.A_log, slot_ids=ids, dt_bias=layer.dt_bias, out=out)
 
-    def fresh():  # a copy of the starting cache
-        return GdnReplayCache(**{k: None if t is None else t.clone() for k, t in vars(cache).items()})
-
     def chain(env):
         out = outs.clone()
-        return out, run_chain(monkeypatch, env, one_token, [fresh()], inputs, out, graph)[0]
+        return out, run_chain(monkeypatch, env, one_token, [clone_cache(cache)], inputs, out, graph)[0]
 
     want_out, want_state = chain({"REPLAYSSM_PDL": "0", "REPLAYSSM_TUNE": "gdn_replay_small=0"})
     got_out, got_state = chain({"REPLAYSSM_PDL": "0", "REPLAYSSM_TUNE": "gdn_replay_small=1"})
@@ -649,7 +646,7 @@ def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph):
     if not graph:  # (the small kernel ran: the comparison above is not the general kernel against itself)
         monkeypatch.setenv("REPLAYSSM_TUNE", "gdn_replay_small=1")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            one_token([fresh()], *(x[0] for x in inputs), outs[0].clone())
+            one_token([clone_cache(cache)], *(x[0] for x in inputs), outs[0].clone())
             torch.cuda.synchronize()
         monkeypatch.delenv("REPLAYSSM_TUNE")
         events = prof.key_averages()

@@ -12,11 +12,7 @@ from replayssm import PAD_SLOT, Mamba2ReplayCache
 from replayssm import reference as R
 
 from conftest import HAS_CUDA
-from helpers import DTYPES, UNIT_ROUNDOFF, Layer, assert_chains_agree, rel_err, run_chain, tolerance
-
-
-def clone_cache(cache):
-    return Mamba2ReplayCache(**{k: None if v is None else v.clone() for k, v in vars(cache).items()})
+from helpers import DTYPES, UNIT_ROUNDOFF, Layer, assert_chains_agree, clone_cache, rel_err, run_chain, tolerance
 
 
 def assert_same_cache(a, b):

@@ -7,7 +7,7 @@ import replayssm
 from replayssm import PAD_SLOT, Mamba2ReplayCache
 from replayssm import reference as R
 
-from helpers import Layer, rel_err, tolerance
+from helpers import Layer, clone_cache, rel_err, tolerance
 
 TOL = tolerance(torch.float32, torch.float32)
 
@@ -312,7 +312,7 @@ def test_cuda_graph_of_verify_and_commit_matches_eager():
     ids = slots.cuda()
     eager = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=torch.float32, device="cuda")
     eager.checkpoint.copy_(torch.randn(eager.checkpoint.shape, generator=gen) * 0.5)
-    graphed = Mamba2ReplayCache(**{k: None if v is None else v.clone() for k, v in vars(eager).items()})
+    graphed = clone_cache(eager)
     static = {k: v.cuda() for k, v in tokens(layer, 3, T, gen).items()}
     n_tok = torch.full((3,), T, dtype=torch.int32, device="cuda")
     accepted = torch.ones(3, dtype=torch.int32, device="cuda")
@@ -326,7 +326,7 @@ def test_cuda_graph_of_verify_and_commit_matches_eager():
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up (lazy initialisation) on a throwaway cache
-        scratch = Mamba2ReplayCache(**{k: None if v is None else v.clone() for k, v in vars(eager).items()})
+        scratch = clone_cache(eager)
         step(scratch, static, torch.empty_like(out_graph))
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()

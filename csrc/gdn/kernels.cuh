@@ -1819,9 +1819,8 @@ void gdn_replay_step_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stream
   RSSM_SWITCH_DTYPE(p.act_dtype, kAct, [&] {
     RSSM_SWITCH_DSTATE(p.kdim, kK, [&] {
       using act_t = typename CudaType<kAct>::type;
-      if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128)
-        if (launch_gdn_replay_step_small<act_t>(p, stream)) return;  // (replay_small.cuh: REPLAYSSM_TUNE gdn_replay_small)
       if constexpr (kCkpt == DType::kFloat32 && kAct == DType::kBFloat16 && kK == 128) {
+        if (launch_gdn_replay_step_small<act_t>(p, stream)) return;  // (replay_small.cuh: REPLAYSSM_TUNE gdn_replay_small)
         // The benchmark's configuration: 16 columns per lane in four stages, 4 blocks per SM (faster than the
         // generic 3/4/3 by 6-13% at batch 32-128 and level at 256 once the row loop deferred its epilogue,
         // bench/results/gdn_decode.json); alternatives chosen by REPLAYSSM_TUNE (gdn_replay_variant).
