@@ -59,8 +59,9 @@ __global__ void __launch_bounds__(kThreads) fold_first_order_kernel(const void* 
 
 // The row order for a replay step's grid of `blocks` blocks, `resident` of them at once: `order` (batch ints of
 // device memory) filled fold-first on `stream`, or null (the grid's own order). By default fold-first only where
-// it pays, measured on the H200 (session 10, bench/results/session10/): caches with an output view (`view`: their
-// folds write the master and the view, 5-7x a non-folding row's time), and only when the grid is not resident all
+// it pays (`wanted`, the caller's rule), measured on the H200 (session 10, bench/results/session10/): caches with an
+// output view (their folds write the master and the view, 5-7x a non-folding row's time; the GDN replay step also
+// a plain checkpoint's grid of at most two resident waves, gdn/kernels.cuh), and only when the grid is not resident all
 // at once (else the order cannot matter, and the extra launch cost 3 us at batch 1). GDN view at batch 32 / 128 /
 // 256: 33.3 / 72.1 / 137.4 us against 38.6 / 105.3 / 167.2; Mamba-2 view 46.6 / 128.4 / 214.7 against 50.6 /
 // 137.0 / 249.9. Plain fp32 checkpoints (folds ~2.5x a row's time) gained nothing, and the GDN replay at batch 256
@@ -75,9 +76,9 @@ inline bool fold_pairs(int64_t blocks, int64_t resident) {
 }
 
 inline int* fold_first_order(int* order, const void* slot_ids, bool slot_ids_int64, const int* cursor, int64_t num_slots,
-                             int ring_len, int batch, int64_t blocks, int64_t resident, bool view, cudaStream_t stream) {
+                             int ring_len, int batch, int64_t blocks, int64_t resident, bool wanted, cudaStream_t stream) {
   const int knob = tune_knob("replay_fold_first");
-  if (order == nullptr || knob == 0 || (knob < 0 && (!view || blocks <= resident))) return nullptr;
+  if (order == nullptr || knob == 0 || (knob < 0 && (!wanted || blocks <= resident))) return nullptr;
   fold_first_order_kernel<1024><<<1, 1024, 0, stream>>>(slot_ids, slot_ids_int64, cursor, num_slots, ring_len, batch, order);
   check_cuda(cudaGetLastError(), "fold_first_order kernel launch");
   return order;
