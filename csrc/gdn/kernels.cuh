@@ -58,9 +58,8 @@
 //   gdn_verify_mma     0: gdn_replay_verify's row loop on the CUDA cores (default: its dots on tensor cores, 3xTF32,
 //                      for an fp32 checkpoint streamed as it is)
 //   gdn_verify_4bps    0: the tensor-core loop at three blocks an SM with three 32-column stages (default: four blocks
-//                      an SM where they keep the rows three get)
-//   gdn_verify_half    0: at four blocks an SM, two 32-column stages (session 31's form); default: four 16-column
-//                      stages in the same shared memory (three in flight while one is read, not one); the same bits
+//                      an SM, two stages, where they keep the rows three get; session 31; 16-column stages lost in
+//                      session 32, bench/patches/gdn-verify-16col.patch)
 //   gdn_replay_small   the replay step's small kernel (replay_small.cuh): 2 (default) for grids of at most a block per
 //                      SM, 1 whenever the shape allows, 0 never
 #pragma once
@@ -969,23 +968,19 @@ __device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) 
   hi = __float_as_uint(v) & 0xffffe000u;
   lo = __float_as_uint(v - __uint_as_float(hi)) & 0xffffe000u;
 }
-// The kMma row loop's geometry: a tile of 64 rows (16 a warp: the A tile's m) streamed 16 kM columns an iteration
-// (2 kM k steps of 8), kK / (16 kM) iterations a tile; a thread stages and reads only its own vectors: rows g and
-// g + 8 of its warp's 16, columns 16 m + 4 t .. + 3 (m < kM) of the iteration's. Element e of that float4 is, in k
-// step 2 m + e / 2 of the iteration's 16-column part m, the A fragment's column t (e even) or t + 4 (e odd): any
-// pairing of A's and B's columns gives the same dot as long as both use it, and this one needs no exchange between
-// lanes. kM = 2 (32 columns) or 1 (16): the same k steps in the same order either way (the same bits); kM = 1 halves
-// a stage, so the same shared memory holds twice the stages (more of them in flight while one is read).
-template <int kK, int kM = 2>
+// The kMma row loop's geometry: a tile of 64 rows (16 a warp: the A tile's m) streamed 32 columns an iteration
+// (four k steps of 8), kK / 32 iterations a tile; a thread stages and reads only its own vectors: rows g and g + 8
+// of its warp's 16, columns 16 m + 4 t .. + 3 (m = 0, 1) of the iteration's 32. Element e of that float4 is, in k
+// step 2 m + e / 2, the A fragment's column t (e even) or t + 4 (e odd): any pairing of A's and B's columns gives
+// the same dot as long as both use it, and this one needs no exchange between lanes.
+template <int kK>
 struct GdnVerifyMma {
-  static_assert(kM == 1 || kM == 2, "16 or 32 columns an iteration");  // (kK % 32 == 0: asserted where the loop is compiled)
-  static constexpr int kQuarters = kK / 32;  // 32-column quarters of a row (the B fragments' layout)
-  static constexpr int kIters = kK / (16 * kM);  // iterations a tile
+  static constexpr int kQuarters = kK / 32;  // iterations a tile
   static constexpr int kRows = 64;           // rows a tile (a block's four warps)
-  static constexpr int kVecs = 2 * kM;       // 16-byte vectors a thread stages an iteration: [row g, g + 8][m]
+  static constexpr int kVecs = 4;            // 16-byte vectors a thread stages an iteration: [row g, g + 8][m]
   static constexpr int kRowsPerWarp = 4;     // (GdnVerifyPassSmem's padding: ts % 32 == 4, conflict-free fragment stores)
-  __device__ static int row(int it, int warp, int lane) { return it / kIters * kRows + warp * 16 + (lane >> 2); }
-  __device__ static int col(int it, int lane) { return it % kIters * 16 * kM + 4 * (lane & 3); }
+  __device__ static int row(int it, int warp, int lane) { return it / kQuarters * kRows + warp * 16 + (lane >> 2); }
+  __device__ static int col(int it, int lane) { return it % kQuarters * 32 + 4 * (lane & 3); }
 };
 
 // The numerical split (MATH.md; replay_cpu(verify=true) in cpu.cpp is the semantics; written as the replay step
@@ -999,7 +994,7 @@ struct GdnVerifyMma {
 // (ops.cpp: on CUDA a fold counter comes only with a view or a 16-bit checkpoint). `flat`: the streamed rows' head
 // stride is vdim rows.
 template <typename ckpt_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
-          typename src_t = ckpt_t, bool kMma = false, int kMmaM = 2>
+          typename src_t = ckpt_t, bool kMma = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gdn_replay_verify_rowpass_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
                                      const bool vec_k, const bool vec_v, const bool flat) {
@@ -1014,8 +1009,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   constexpr int kPer = kK / 8;  // the dots: elements of a pair per lane (8 lanes per pair)
   static_assert(!kMma || (std::is_same_v<src_t, float> && !kView && !kNarrow && kK % 32 == 0 && kThreads == 128),
                 "the tensor-core row loop streams an fp32 checkpoint as it is, 32 columns of 64 rows an iteration");
-  using MmaGeom = GdnVerifyMma<kK, kMmaM>;
-  constexpr int kM = kMmaM;
+  using MmaGeom = GdnVerifyMma<kK>;
   const GdnReplayCacheParams& c = p.cache;
   const int b = blockIdx.z, h = blockIdx.y;  // h: the key head
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
@@ -1030,7 +1024,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int head_begin = row_begin / V;  // first value head of the block, within the key head's
   const int nheads_block = (row_begin + nrows - 1) / V - head_begin + 1;
   const int hv0 = h * ratio + head_begin;  // its global index
-  const int n_iter = kMma ? (nrows + MmaGeom::kRows - 1) / MmaGeom::kRows * MmaGeom::kIters
+  const int n_iter = kMma ? (nrows + MmaGeom::kRows - 1) / MmaGeom::kRows * MmaGeom::kQuarters
                           : (nrows + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int lane_in_row = lane % kLanes;
@@ -1094,8 +1088,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           if (rg + 8 * rs < nrows) {
             const src_t* src = src_row(rg + 8 * rs) + col;
 #pragma unroll
-            for (int m = 0; m < kM; ++m)
-              cp_async16(&staging[((it % kStages) * MmaGeom::kVecs + kM * rs + m) * kThreads + threadIdx.x], src + 16 * m);
+            for (int m = 0; m < 2; ++m)
+              cp_async16(&staging[((it % kStages) * MmaGeom::kVecs + 2 * rs + m) * kThreads + threadIdx.x], src + 16 * m);
           }
       }
       cp_async_commit();
@@ -1245,11 +1239,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     for (int it = 0; it < n_iter; ++it) {
       issue(it + kStages - 1);
       cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
-      const int rg = MmaGeom::row(it, warp, lane), part = it % MmaGeom::kIters, col = MmaGeom::col(it, lane);
-      constexpr int kA = 4 * kM;  // a thread's elements of a row this iteration
-      float a[2 * kA];  // [rs * kA + m * 4 + e]: row rg + 8 rs, column col + 16 m + e (stale past nrows: nothing of it is stored)
+      const int rg = MmaGeom::row(it, warp, lane), kq = it % MmaGeom::kQuarters, col = MmaGeom::col(it, lane);
+      float a[16];  // [rs * 8 + m * 4 + e]: row rg + 8 rs, column col + 16 m + e (stale past nrows: nothing of it is stored)
 #pragma unroll
-      for (int v = 0; v < MmaGeom::kVecs; ++v)
+      for (int v = 0; v < 4; ++v)
         unpack16<src_t>(staging[((it % kStages) * MmaGeom::kVecs + v) * kThreads + threadIdx.x], *reinterpret_cast<float(*)[4]>(&a[4 * v]));
       if (early) {  // checkpoint <- state at the cursor, the same operations per element as the other row loop; both rows
                     // in one pass over the committed ring (a ring k vector serves both)
@@ -1260,20 +1253,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           hl[rs] = (row_begin + rr[rs]) / V - head_begin;
           const float dcy = decf[hl[rs]];
 #pragma unroll
-          for (int e = 0; e < kA; ++e) a[kA * rs + e] *= dcy;
+          for (int e = 0; e < 8; ++e) a[8 * rs + e] *= dcy;
         }
 #pragma unroll 2
         for (int j = 0; j < w0; ++j) {
           const float* kj = rk + j * kK + col;
-          float4 k4[kM];
+          float4 k4[2];
 #pragma unroll
-          for (int m = 0; m < kM; ++m) k4[m] = *reinterpret_cast<const float4*>(kj + 16 * m);
+          for (int m = 0; m < 2; ++m) k4[m] = *reinterpret_cast<const float4*>(kj + 16 * m);
 #pragma unroll
           for (int rs = 0; rs < 2; ++rs) {
             const float wu = wf[hl[rs] * L + j] * ru[j * ts + rr[rs]];
 #pragma unroll
-            for (int m = 0; m < kM; ++m) {
-              float* xv = a + kA * rs + 4 * m;
+            for (int m = 0; m < 2; ++m) {
+              float* xv = a + 8 * rs + 4 * m;
               xv[0] = fmaf(wu, k4[m].x, xv[0]), xv[1] = fmaf(wu, k4[m].y, xv[1]), xv[2] = fmaf(wu, k4[m].z, xv[2]), xv[3] = fmaf(wu, k4[m].w, xv[3]);
             }
           }
@@ -1282,32 +1275,32 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         for (int rs = 0; rs < 2; ++rs)
           if (rg + 8 * rs < nrows)
 #pragma unroll
-            for (int m = 0; m < kM; ++m)
+            for (int m = 0; m < 2; ++m)
               __stcs(reinterpret_cast<float4*>(ckpt_row(rg + 8 * rs) + col + 16 * m),
-                     make_float4(a[kA * rs + 4 * m], a[kA * rs + 4 * m + 1], a[kA * rs + 4 * m + 2], a[kA * rs + 4 * m + 3]));
+                     make_float4(a[8 * rs + 4 * m], a[8 * rs + 4 * m + 1], a[8 * rs + 4 * m + 2], a[8 * rs + 4 * m + 3]));
       }
-      uint32_t hi[2 * kA], lo[2 * kA];
+      uint32_t hi[16], lo[16];
 #pragma unroll
-      for (int e = 0; e < 2 * kA; ++e) split_tf32(a[e], hi[e], lo[e]);
+      for (int e = 0; e < 16; ++e) split_tf32(a[e], hi[e], lo[e]);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         if (nt < ntiles) {
 #pragma unroll
-          for (int m = 0; m < kM; ++m) {  // the row's 16-column part part * kM + m: its B fragments
-            const uint4* bp = bfrag + ((nt * MmaGeom::kQuarters * 2 + part * kM + m) * 2) * 32 + lane;
+          for (int m = 0; m < 2; ++m) {
+            const uint4* bp = bfrag + (((nt * MmaGeom::kQuarters + kq) * 2 + m) * 2) * 32 + lane;
             const uint4 bh = bp[0], bl = bp[32];
 #pragma unroll
             for (int ks = 0; ks < 2; ++ks) {  // k step 2 m + ks: A columns t, t + 4 are elements 2 ks, 2 ks + 1
               const int i = 4 * m + 2 * ks;
               const uint32_t bh0 = ks ? bh.z : bh.x, bh1 = ks ? bh.w : bh.y, bl0 = ks ? bl.z : bl.x, bl1 = ks ? bl.w : bl.y;
-              mma_tf32_16808(acc[nt], lo[i], lo[kA + i], lo[i + 1], lo[kA + i + 1], bh0, bh1);
-              mma_tf32_16808(acc[nt], hi[i], hi[kA + i], hi[i + 1], hi[kA + i + 1], bl0, bl1);
-              mma_tf32_16808(acc[nt], hi[i], hi[kA + i], hi[i + 1], hi[kA + i + 1], bh0, bh1);
+              mma_tf32_16808(acc[nt], lo[i], lo[8 + i], lo[i + 1], lo[8 + i + 1], bh0, bh1);
+              mma_tf32_16808(acc[nt], hi[i], hi[8 + i], hi[i + 1], hi[8 + i + 1], bl0, bl1);
+              mma_tf32_16808(acc[nt], hi[i], hi[8 + i], hi[i + 1], hi[8 + i + 1], bh0, bh1);
             }
           }
         }
       }
-      if (part == MmaGeom::kIters - 1) {  // the tile's dots are whole: into `sums`, and the accumulators cleared
+      if (kq == MmaGeom::kQuarters - 1) {  // the tile's dots are whole: into `sums`, and the accumulators cleared
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           const int t = 4 * nt + tq;
@@ -1527,22 +1520,21 @@ int gdn_rows_per_block(int forced, const GdnTokenParams& p, int64_t target_block
 // kMinBlocks blocks per SM, split evenly (each block repeats the window's prologue), at most the key head's rows, and few
 // enough that kMinBlocks blocks fit an SM's shared memory; gdn_verify_rows forces a value (any value >= 1).
 // src_t: what the row loop streams (the checkpoint, or an fp32 checkpoint's bf16 view).
-template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks, typename src_t = ckpt_t, bool kMma = false,
-          int kMmaM = 2>
+template <typename ckpt_t, typename act_t, int kK, int kStages, int kLanes, int kMinBlocks, typename src_t = ckpt_t, bool kMma = false>
 void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   constexpr int kThreads = 128;
   using Layout = RowLayout<src_t, kK, kThreads, 1, kLanes>;
-  using MmaGeom = GdnVerifyMma<kK, kMmaM>;
+  using MmaGeom = GdnVerifyMma<kK>;
   const GdnReplayCacheParams& c = p.cache;
   const int ratio = p.nheads / p.nkheads, V = p.vdim, group_rows = ratio * V;
   auto heads_for = [&](int r) { return std::min((r + V - 1) / V + 1, ratio); };
-  auto smem_at = [&](int r, int stages, int mma_vecs) {  // (mma_vecs: a tensor-core stage's vectors a thread)
-    const int staging = stages * (kMma ? mma_vecs : Layout::kVecsPerLane) * kThreads * 16;
+  auto smem_at = [&](int r, int stages) {
+    const int staging = stages * (kMma ? MmaGeom::kVecs : Layout::kVecsPerLane) * kThreads * 16;
     return GdnVerifyPassSmem(staging, sizeof(act_t), r, kMma ? MmaGeom::kRowsPerWarp : Layout::kRowsPerWarp, kK, c.ring_len, p.ntokens,
                              heads_for(r), kMma)
         .total;
   };
-  auto smem_for = [&](int r) { return smem_at(r, kStages, MmaGeom::kVecs); };
+  auto smem_for = [&](int r) { return smem_at(r, kStages); };
   // ~2 waves, the key head's rows split evenly over its blocks: at batch 32 two blocks of 128 rows where ~4 waves
   // gave three of 96, 96 and 64, 4-8% slower at every T and rate in two runs (bench/NOTES.md "Session 6"); at T = 8
   // halving for shared memory gave 88 rows (evened to 64) where 128 fit, 1.17-1.27x the time of 128 rows (session 7,
@@ -1553,7 +1545,7 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   if constexpr (kMma && kMinBlocks == 4) {  // four blocks an SM only where they keep the rows three blocks get (the
     // window's prologue is per block: 128-row blocks were 20% slower than 256-row ones, bench/NOTES.md session 27)
     const int rows_at_three = gdn_rows_per_block(tune_knob("gdn_verify_rows"), p, int64_t(num_sms()) * 2 * 3, MmaGeom::kRows, 3,
-                                                 [&](int r) { return smem_at(r, 3, GdnVerifyMma<kK>::kVecs); }, /*even=*/true);
+                                                 [&](int r) { return smem_at(r, 3); }, /*even=*/true);
     if (rows_per_block < rows_at_three) return launch_gdn_replay_verify<ckpt_t, act_t, kK, 3, kLanes, 3, src_t, true>(p, stream);
   }
   const int smem = smem_for(rows_per_block);
@@ -1568,7 +1560,7 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
   // a block's streamed rows one stride apart
   const bool flat = std::is_same_v<src_t, ckpt_t> ? c.ckpt_head_stride == int64_t(V) * c.ckpt_row_stride
                                                   : c.view_head_stride == int64_t(V) * c.view_row_stride;
-  auto kernel = gdn_replay_verify_rowpass_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, src_t, kMma, kMmaM>;
+  auto kernel = gdn_replay_verify_rowpass_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, src_t, kMma>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
   kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, flat);
   check_cuda(cudaGetLastError(), "gdn_replay_verify kernel launch");
@@ -1594,18 +1586,14 @@ void gdn_replay_verify_cuda_for_ckpt(const GdnReplayParams& p, cudaStream_t stre
       }
       if (kCkpt == DType::kFloat32 && (c.sr_seed != nullptr || c.fold_count != nullptr))
         throw std::invalid_argument("replayssm: on CUDA a GDN fold counter (fold_count) comes with an output view or a bf16/fp16 checkpoint");
-      // An fp32 checkpoint streamed as it is: the dots on tensor cores (3xTF32) unless gdn_verify_mma=0; four blocks an
-      // SM (128 registers; at K = V = 128, T = 4 and a 12-token ring a block's 256 rows then take 55 KB: four fit) where
-      // that keeps the rows a block gets at three blocks an SM, else three stages of 32 columns and three blocks. At four
-      // blocks the staging holds two 32-column stages: by default as four of 16 columns (three in flight while one is
-      // read; gdn_verify_half=0: two of 32, one in flight).
+      // An fp32 checkpoint streamed as it is: the dots on tensor cores (3xTF32) unless gdn_verify_mma=0; two stages and
+      // four blocks an SM (128 registers; at K = V = 128, T = 4 and a 12-token ring a block's 256 rows then take 55 KB:
+      // four fit) where that keeps the rows a block gets at three blocks an SM; else three stages and three blocks.
       if constexpr (kCkpt == DType::kFloat32 && kK % 32 == 0)
         if (tune_knob("gdn_verify_mma") != 0) {
           if (tune_knob("gdn_verify_4bps") == 0)  // (REPLAYSSM_TUNE: three stages and three blocks an SM, as before)
             return launch_gdn_replay_verify<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3, ckpt_t, true>(p, stream);
-          if (tune_knob("gdn_verify_half") == 0)
-            return launch_gdn_replay_verify<ckpt_t, act_t, kK, 2, GdnStepLanes<ckpt_t, kK>::value, 4, ckpt_t, true>(p, stream);
-          return launch_gdn_replay_verify<ckpt_t, act_t, kK, 4, GdnStepLanes<ckpt_t, kK>::value, 4, ckpt_t, true, 1>(p, stream);
+          return launch_gdn_replay_verify<ckpt_t, act_t, kK, 2, GdnStepLanes<ckpt_t, kK>::value, 4, ckpt_t, true>(p, stream);
         }
       return launch_gdn_replay_verify<ckpt_t, act_t, kK, 3, GdnStepLanes<ckpt_t, kK>::value, 3>(p, stream);
     });
@@ -1813,8 +1801,9 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   GdnReplayParams q = p;
   // Folding rows first (common/fold_order.cuh): with a view, and here also for a plain checkpoint whose grid is at most
   // two resident waves (batch 32: 28.7-29.7 against 29.7-30.1 us in each of eight H200 runs, sessions 17-32, the
-  // replay_fold_first=1 entries; at 128 and 256 it lost, and the Mamba-2 replay step gained nothing at 32), unless
-  // PDL is asked for: the order kernel would then take PDL's place (27.6 us at 32 with PDL, session 32).
+  // replay_fold_first=1 entries; 34.66 against 34.91 on an H100, session 32; at 128 and 256 it lost, and the Mamba-2
+  // replay step gained nothing at 32), unless PDL is asked for: the order kernel would then take PDL's place (27.6 us
+  // at 32 with PDL, session 32).
   const bool fold_first = view || (blocks <= 2 * resident && !pdl_requested());
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
                                  resident, fold_first, stream);
