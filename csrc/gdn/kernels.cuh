@@ -1804,14 +1804,15 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // replay_fold_first=1 entries; 34.66 against 34.91 on an H100, session 32; at 128 and 256 it lost, and the Mamba-2
   // replay step gained nothing at 32), unless PDL is asked for: the order kernel would then take PDL's place (27.6 us
   // at 32 with PDL, session 32).
-  const bool fold_first = view || (blocks <= 2 * resident && !pdl_requested());
+  const bool pdl_asked = pdl_requested();
+  const bool fold_first = view || (blocks <= 2 * resident && !pdl_asked);
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
                                  resident, fold_first, stream);
   const dim3 grid(chunks, p.nkheads, p.batch);
   // PDL only without the order kernel just ahead (fold_first_order returns null when it launched none): the kernel
   // reads its entry of the order before pdl_wait().
   // With PDL the ring is requested before the wait too (REPLAYSSM_TUNE pdl_ring_ahead=0: after it, as without PDL).
-  const bool pdl = pdl_requested() && q.row_order == nullptr, ring_ahead = pdl && tune_knob("pdl_ring_ahead") != 0;
+  const bool pdl = pdl_asked && q.row_order == nullptr, ring_ahead = pdl && tune_knob("pdl_ring_ahead") != 0;
   launch_maybe_pdl(kernel, grid, kThreads, smem, stream, pdl, "gdn_replay_step kernel launch", q, rows_per_block,
                    heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring, ring_ahead);
 }
