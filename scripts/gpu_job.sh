@@ -18,7 +18,7 @@
 # call, their builds in parallel (one build's time for all). VARIANTS lists NAME=patch+patch... (NAME alone: the
 # tree as it is); each is copied to /tmp/var/NAME, patched and built in place; then each entry of VRUNS,
 # NAME:KIND with KIND mamba2, gdn, spec or gdnspec (that `--tune` benchmark, plus VBENCH_ARGS_KIND or VBENCH_ARGS, into
-# $OUT/KIND_NAME.json), test (the CUDA tests, -k VTEST_K when set) or sanitize (memcheck over the CUDA tests of
+# $OUT/KIND_NAME.json), test (the CUDA tests, -k VTEST_K_NAME or VTEST_K when set) or sanitize (memcheck over the CUDA tests of
 # VSAN_TESTS, default tests, -k VSAN_K when set), runs in order in its copy (logs in /tmp/var:
 # the call prints their tails). The working tree is left as it was. Example (session 7):
 # VARIANTS="base p1=ring-sum-at-flush" VRUNS="base:mamba2 p1:mamba2" bash scripts/gpu_job.sh variants
@@ -103,7 +103,9 @@ for step in $STEPS; do
         [ -d /tmp/var/$name ] && ls /tmp/var/$name/replayssm/_C*.so > /dev/null 2>&1 || continue
         cd /tmp/var/$name; export PYTHONPATH=/tmp/var/$name
         case $kind in
-          test) LOGDIR=/tmp/var run "test_$name" python3 -m pytest -q -rs tests -m cuda ${VTEST_K:+-k "$VTEST_K"} ;;
+          test) tk=VTEST_K_$name; tk=${!tk:-${VTEST_K:-}}  # (VTEST_K_NAME: one variant's filter, else VTEST_K; "all": none)
+                [ "$tk" = all ] && tk=
+                LOGDIR=/tmp/var run "test_$name" python3 -m pytest -q -rs tests -m cuda ${tk:+-k "$tk"} ;;
           sanitize) LOGDIR=/tmp/var run "sanitize_$name" compute-sanitizer --tool memcheck --target-processes all \
               python3 -m pytest -q -x -m cuda ${VSAN_TESTS:-tests} ${VSAN_K:+-k "$VSAN_K"} ;;
           *) case $kind in mamba2) script=bench_mamba2.py ;; gdn) script=bench_gdn.py ;; spec) script=bench_speculative.py ;;
