@@ -48,6 +48,8 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures
   local rc=$?
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
   tail -n 25 "$log"
+  # one line a step in $OUT/summary.txt (which comes back when the call's printed tail is cut): rc, time, last line
+  echo "$name rc=$rc $((SECONDS - t0))s | $(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-300)" >> "$OUT/summary.txt"
   [ $rc -eq 0 ] || status=1
   return $rc
 }
