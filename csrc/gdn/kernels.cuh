@@ -809,12 +809,10 @@ __device__ __forceinline__ void gdn_verify_stage_window(const GdnReplayParams& p
   }
 }
 
-// What the slot's last block to arrive on the arrival counter writes (every block of the slot has read the
-// committed ring by then, and nobody reads the new entries in this launch): the window's normalised k of every
-// key head and g of every value head into the ring at positions base.., the counter back to zero, the cursor
-// after an early fold, the pending count. All threads of the block call it.
+// The window's normalised k of every key head and g of every value head into the ring at positions base.. (k: warp_sum_squares'
+// bits, as the window prologue forms them; g as gdn_prepare_token does). All threads of the block call it.
 template <typename act_t, int kK, int kThreads>
-__device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& p, int64_t slot, int b, int base, int T, bool early) {
+__device__ __forceinline__ void gdn_verify_append_kg(const GdnReplayParams& p, int64_t slot, int b, int base, int T) {
   const GdnReplayCacheParams& c = p.cache;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int idx = threadIdx.x; idx < T * p.nheads; idx += kThreads) {  // g_t as gdn_prepare_token forms it
@@ -831,6 +829,17 @@ __device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& 
     float* dst = c.ring_k + slot * c.ring_k_slot_stride + (base + t) * c.ring_k_pos_stride + hk * c.ring_k_head_stride;
     for (int n = lane; n < kK; n += 32) dst[n] = to_float(k[n]) * ks;
   }
+}
+// What the slot's last block to arrive on the arrival counter writes (every block of the slot has read the
+// committed ring by then, and nobody reads the new entries in this launch): the window's normalised k of every
+// key head and g of every value head into the ring at positions base.. (unless `window` is false: each block wrote
+// its own key head's, see the verify kernel's self-append), the counter back to zero, the cursor after an early
+// fold, the pending count. All threads of the block call it.
+template <typename act_t, int kK, int kThreads>
+__device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& p, int64_t slot, int b, int base, int T, bool early,
+                                                         bool window = true) {
+  const GdnReplayCacheParams& c = p.cache;
+  if (window) gdn_verify_append_kg<act_t, kK, kThreads>(p, slot, b, base, T);
   if (threadIdx.x == 0) {
     atomicSub(&c.arrivals[slot], int(gridDim.x * gridDim.y));  // zero again for the next launch
     if (early) c.cursor[slot] = 0;
@@ -866,8 +875,10 @@ __device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& 
 // * Protocol: a block counts in on the slot's arrival counter once its committed-ring reads are done (all of them
 //   end with the prologue; a block that folds early counts in only after its row loop, a conservative leftover from
 //   when it read the ring's k there: the slot's last block overwrites positions 0..T-1 of it). The slot's last block
-//   to arrive writes the window's k (every key head) and g (every value head), the pending count and, after an early
-//   fold, the cursor (gdn_verify_append_window). Rows' u and the outputs go straight to global memory.
+//   to arrive writes the pending count and, after an early fold, the cursor (gdn_verify_append_window); the window's
+//   k and g are written by each block for its own key head right after the prologue when the key head has one block
+//   (its only reader; 256 rows: the default), else by the last block for every head. (The last block's append was
+//   16 serial round trips at 16 key heads, T = 4: ~25 us of its epilogue against ~3, bench/verify_timeline.py.) Rows' u and the outputs go straight to global memory.
 //   flat: the checkpoint's rows are contiguous over value heads (head stride V rows), so a row's address is one
 //   multiply.
 struct GdnVerifyPassSmem {  // byte offsets, each section 16-byte aligned
@@ -1104,8 +1115,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
     cp_async_commit();
   };
+  // Stages issued before the prologue: kStages - 1, or all kStages in the tensor-core loop, which issues an
+  // iteration's replacement only after its own reads of the stage (a thread reads only the vectors it copied, so the
+  // stage is free once the thread's values are in registers): kStages stages in flight instead of kStages - 1.
+  constexpr int kAhead = kMma ? kStages : kStages - 1;
 #pragma unroll
-  for (int it = 0; it < kStages - 1; ++it) issue(it);
+  for (int it = 0; it < kAhead; ++it) issue(it);
 
   // ---- Prologue: the window (no cursor needed) and, once its first loads are out, the committed ring u of the block's
   // rows, k of its key head and g of its value heads (positions < cursor; one cp.async group with the v tile).
@@ -1140,6 +1155,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   cp_async_wait<0>();
   __syncthreads();  // tiles and window written; every thread of the block has read the cursor and the committed ring
+  // Self-append: with one block per (slot, key head) (gridDim.x == 1) the block is the only reader of its key head's
+  // ring k and its value heads' ring g, and it has read them (into shared memory): it writes the window's k and g at
+  // positions base.. now, from the normalised kn and gt (the bits gdn_verify_append_kg forms), and the slot's last
+  // block writes only the counter, cursor and pending count. Else the last block appends every head's (a block of
+  // another row chunk of the key head may not have read the committed ring k yet).
+  const bool self_append = gridDim.x == 1;
+  if (self_append) {
+    float* ring_k_w = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;
+    for (int idx = threadIdx.x; idx < T * kK; idx += kThreads)
+      ring_k_w[int64_t(base + idx / kK) * c.ring_k_pos_stride + idx % kK] = kn[idx];
+    float* ring_g_w = c.ring_g + slot * c.ring_g_slot_stride + hv0;
+    for (int idx = threadIdx.x; idx < nheads_block * T; idx += kThreads)
+      ring_g_w[int64_t(base + idx % T) * c.ring_g_pos_stride + idx / T] = gt[idx / T * tp + idx % T];
+  }
   // Count in (the answer is used at the end): now when the block does not fold, after the row loop when it does
   // (every committed-ring read is done by now either way; see the protocol above).
   const int blocks_per_slot = gridDim.x * gridDim.y;
@@ -1237,8 +1266,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
     for (int it = 0; it < n_iter; ++it) {
-      issue(it + kStages - 1);
-      cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
+      cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed (iterations it + 1 .. it +
+                                     // kStages - 1 may be pending; the prologue waited for all of its groups)
       const int rg = MmaGeom::row(it, warp, lane), kq = it % MmaGeom::kQuarters, col = MmaGeom::col(it, lane);
       float a[16];  // [rs * 8 + m * 4 + e]: row rg + 8 rs, column col + 16 m + e (stale past nrows: nothing of it is stored)
 #pragma unroll
@@ -1282,6 +1311,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       uint32_t hi[16], lo[16];
 #pragma unroll
       for (int e = 0; e < 16; ++e) split_tf32(a[e], hi[e], lo[e]);
+      issue(it + kStages);  // into the stage just read (its values used above: the reads are done)
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         if (nt < ntiles) {
@@ -1446,7 +1476,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   if (threadIdx.x == 0) *last_flag = arrived == blocks_per_slot - 1;
   __syncthreads();
   if (*last_flag) {
-    gdn_verify_append_window<act_t, kK, kThreads>(p, slot, b, base, T, early);
+    gdn_verify_append_window<act_t, kK, kThreads>(p, slot, b, base, T, early, !self_append);
     if constexpr (kCountsFolds) {  // every block of the slot read the count before it counted in: only this one writes it
       if (threadIdx.x == 0 && early && c.fold_count != nullptr) c.fold_count[slot] += 1;
     }
