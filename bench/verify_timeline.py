@@ -1,6 +1,7 @@
 """Where a verify launch's time goes, block by block. DIAGNOSTIC: needs a timeline patch applied and built:
 bench/patches/gdn-verify-timeline.patch (GDN; gdn-verify-timeline-re.patch on top of gdn-verify-ring-early.patch) or
-bench/patches/verify-timeline-m2.patch (Mamba-2); without one it stops with a message.
+bench/patches/verify-timeline-m2.patch (Mamba-2), or for the GDN replay step (--op replay)
+bench/patches/gdn-replay-timeline.patch; without one it stops with a message.
 
 With REPLAYSSM_TUNE gdn_verify_timeline=1 (GDN) or verify_timeline=1 (Mamba-2) every verify block records clock64 and %globaltimer at six points: entry,
 slot known (its slot_ids load consumed), prologue loads landed (the cursor, the window, the committed ring: after the
@@ -15,6 +16,11 @@ N=128, G=8; fp32 checkpoint, bf16 activations, ring 12), puts the cursors where 
 
     python bench/verify_timeline.py [--kind gdn|mamba2] [--batch 256] [--T 4] [--ring-len 12] [--early 0.0] [--runs 3]
                                     [--out tl.json]
+    python bench/verify_timeline.py --op replay [--view] [--batch 256] [--ring-len 16] [--early 0.0625] ...
+
+--op replay (GDN only; REPLAYSSM_TUNE gdn_replay_timeline=1): one gdn_replay_step, cursors uniform over
+[0, ring_len - 2], --early of the rows at ring_len - 1 (folding steps: 1/L of the rows in a serving batch); --view:
+caches with the bf16 output view (the rows stream the view; "early" then marks the folds, which stream the master).
 
 --early: the fraction of rows whose cursor makes the window not fit (an early fold); the others get cursors uniform
 over [0, ring_len - T].
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -31,13 +38,14 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_gdn as gd  # noqa: E402
 import bench_gdn_speculative as gs  # noqa: E402
 import bench_speculative as ms  # noqa: E402
 
 import replayssm  # noqa: E402
 
 SHAPES = {"gdn": (32, 16, 128, 128), "mamba2": (128, 64, 128, 8)}  # the benchmarks' layers
-KNOBS = {"gdn": "gdn_verify_timeline=1", "mamba2": "verify_timeline=1"}
+KNOBS = {"gdn": "gdn_verify_timeline=1", "mamba2": "verify_timeline=1", "replay": "gdn_replay_timeline=1"}
 POINTS = 6  # the kernel's marks (kTimelinePoints)
 PHASES = (("to_slot", 0, 1), ("to_landed", 1, 2), ("scalars", 2, 3), ("row_loop", 3, 4), ("epilogue", 4, 5),
           ("prologue", 0, 3), ("block", 0, 5))
@@ -148,35 +156,58 @@ def report(res):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kind", choices=sorted(SHAPES), default="gdn")
+    ap.add_argument("--op", choices=["verify", "replay"], default="verify")
+    ap.add_argument("--view", action="store_true", help="--op replay: caches with the bf16 output view")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--T", type=int, default=4)
-    ap.add_argument("--ring-len", type=int, default=12)
+    ap.add_argument("--ring-len", type=int, default=None, help="default 12 (verify), 16 (replay)")
     ap.add_argument("--early", type=float, default=0.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    B, T, L, shape = args.batch, args.T, args.ring_len, SHAPES[args.kind]
-    mod = gs if args.kind == "gdn" else ms
-    layer = mod.Layer(B, T, L, shape, gen, "cuda")
-    tok = mod.window(B, T, shape, gen, "cuda")
+    B, T, shape = args.batch, args.T, SHAPES[args.kind]
+    L = args.ring_len or (16 if args.op == "replay" else 12)
     n_early = int(round(args.early * B))
-    cur = torch.randint(0, L - T + 1, (B,), dtype=torch.int32)
-    if n_early:
-        cur[:n_early] = torch.randint(L - T + 1, L + 1, (n_early,), dtype=torch.int32)
+    if args.op == "replay":
+        if args.kind != "gdn":
+            sys.exit("--op replay: the GDN replay step only")
+        HV, H, K, V = shape
+        c = replayssm.GdnReplayCache.allocate(B, HV, H, K, V, ring_len=L, output_view=torch.bfloat16 if args.view else None,
+                                              device="cuda")
+        c.checkpoint.copy_(torch.randn(c.checkpoint.shape, generator=gen, device="cuda") * 0.1)
+        A_log = torch.rand(HV, generator=gen, device="cuda") * math.log(16.0)
+        dt_bias = torch.rand(HV, generator=gen, device="cuda") - 4.0
+        slots = torch.arange(B, dtype=torch.int32, device="cuda")
+        tok = gd.make_inputs(B, 1, 1, shape, gen, "cuda")[0][0]
+        cur = torch.randint(0, L - 1, (B,), dtype=torch.int32)
+        cur[:n_early] = L - 1  # (a folding step)
+    else:
+        mod = gs if args.kind == "gdn" else ms
+        layer = mod.Layer(B, T, L, shape, gen, "cuda")
+        tok = mod.window(B, T, shape, gen, "cuda")
+        cur = torch.randint(0, L - T + 1, (B,), dtype=torch.int32)
+        if n_early:
+            cur[:n_early] = torch.randint(L - T + 1, L + 1, (n_early,), dtype=torch.int32)
+        c = layer.cache
     cur = cur[torch.randperm(B)]
-    c = layer.cache
     ckpt0 = c.checkpoint.clone()
 
     def reset():
         c.cursor.copy_(cur)
-        c.pending.zero_()
+        if c.pending is not None:
+            c.pending.zero_()
         c.arrivals.zero_()
         c.checkpoint.copy_(ckpt0)
+        if c.view is not None:
+            c.view.copy_(ckpt0)
 
     def verify():
-        if args.kind == "gdn":
+        if args.op == "replay":
+            replayssm.gdn_replay_step(c, tok["q"], tok["k"], tok["v"], tok["a"], tok["b"], A_log, slot_ids=slots,
+                                      dt_bias=dt_bias, out=tok["out"])
+        elif args.kind == "gdn":
             replayssm.gdn_replay_verify(c, tok["q"], tok["k"], tok["v"], tok["a"], tok["b"], layer.A_log, slot_ids=layer.slots,
                                         dt_bias=layer.dt_bias, out=tok["out"])
         else:
@@ -191,12 +222,12 @@ def main():
     for run in range(args.runs):
         reset()
         torch.cuda.synchronize()
-        os.environ["REPLAYSSM_TUNE"] = KNOBS[args.kind]
+        os.environ["REPLAYSSM_TUNE"] = KNOBS["replay" if args.op == "replay" else args.kind]
         try:
             text = capture_stdout(verify)
         finally:
             del os.environ["REPLAYSSM_TUNE"]
-        res = summarize(text, B, state_bytes(args.kind, shape))
+        res = summarize(text, B, state_bytes(args.kind, shape) // (2 if args.view else 1))
         res["run"] = run
         results.append(res)
         report(res)
