@@ -837,7 +837,7 @@ __device__ __forceinline__ void gdn_verify_append_kg(const GdnReplayParams& p, i
 // fold, the pending count. All threads of the block call it.
 template <typename act_t, int kK, int kThreads>
 __device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& p, int64_t slot, int b, int base, int T, bool early,
-                                                         bool window = true) {
+                                                         bool window) {
   const GdnReplayCacheParams& c = p.cache;
   if (window) gdn_verify_append_kg<act_t, kK, kThreads>(p, slot, b, base, T);
   if (threadIdx.x == 0) {
@@ -877,8 +877,10 @@ __device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& 
 //   when it read the ring's k there: the slot's last block overwrites positions 0..T-1 of it). The slot's last block
 //   to arrive writes the pending count and, after an early fold, the cursor (gdn_verify_append_window); the window's
 //   k and g are written by each block for its own key head right after the prologue when the key head has one block
-//   (its only reader; 256 rows: the default), else by the last block for every head. (The last block's append was
-//   16 serial round trips at 16 key heads, T = 4: ~25 us of its epilogue against ~3, bench/verify_timeline.py.) Rows' u and the outputs go straight to global memory.
+//   (its only reader; 256 rows: the default), else by the last block for every head. (The last block's append is 16
+//   serial round trips at 16 key heads, T = 4: session 33's timeline, bench/verify_timeline.py, had epilogues of 3.0
+//   us at the median and 33 us at most, ~25 us estimated for the last blocks.) Rows' u and the outputs go straight
+//   to global memory.
 //   flat: the checkpoint's rows are contiguous over value heads (head stride V rows), so a row's address is one
 //   multiply.
 struct GdnVerifyPassSmem {  // byte offsets, each section 16-byte aligned
