@@ -78,7 +78,7 @@ def replay_caches(batch, n_layers, L, shape, gen, inputs, A_log, dt_bias, slots,
     return caches, replay_cycle
 
 
-def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False, layers=None) -> dict:
+def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False, layers=None, tune_kinds=("step", "replay", "view")) -> dict:
     """µs per step and layer of every kernel at one batch size, all timed interleaved in one time_interleaved call
     (with their alternative configurations when tune); smoke: each run once, eagerly, on the CPU."""
     device = "cpu" if smoke else "cuda"
@@ -100,7 +100,7 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False, layers=None)
                 replayssm.gdn_step(pool, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots, dt_bias=dt_bias,
                                    out=t["out"])
     fns = {"standard": standard_cycle}
-    if tune:
+    if tune and "step" in tune_kinds:
         fns.update(common.tune_entries(standard_cycle, "standard", STEP_TUNES))
 
     if fla is not None and not smoke:
@@ -115,14 +115,15 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False, layers=None)
     all_caches = {}
     for view in (None, torch.bfloat16):
         name = "replay" if view is None else "replay_view"
-        for aligned in (False, True) if tune else (False,):
+        kind_tuned = tune and ("replay" if view is None else "view") in tune_kinds
+        for aligned in (False, True) if kind_tuned else (False,):
             caches, replay_cycle = replay_caches(batch, n_layers, L, shape, gen, inputs, A_log, dt_bias, slots, view,
                                                  aligned, device)
             if aligned:
                 common.add_aligned(fns, all_caches, name, caches, replay_cycle)
             else:
                 all_caches[name], fns[name] = caches, replay_cycle
-                if tune:
+                if kind_tuned:
                     fns.update(common.tune_entries(replay_cycle, name, REPLAY_TUNES if view is None else VIEW_TUNES))
     before = common.cursors_of(all_caches)
     if smoke:
@@ -135,7 +136,7 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False, layers=None)
 
 
 # Alternative launch configurations (REPLAYSSM_TUNE, listed in csrc/gdn/kernels.cuh), timed with --tune.
-STEP_TUNES = ["gdn_step_threads=128", "gdn_step_hints=1", "gdn_step_rows=16", "gdn_step_rows=32", "gdn_step_rows=64", "gdn_step_threads=32",
+STEP_TUNES = ["gdn_step_ahead=0", "gdn_step_ahead=1", "gdn_step_ahead=2", "gdn_step_ahead=4", "gdn_step_threads=128", "gdn_step_hints=1", "gdn_step_rows=16", "gdn_step_rows=32", "gdn_step_rows=64", "gdn_step_threads=32",
               "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4",
               "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=8", "pdl=1"]
 # pdl=1: programmatic dependent launch between the layers' launches (common/cuda_utils.cuh; as in bench_mamba2.py)
@@ -158,6 +159,8 @@ def main():
     parser.add_argument("--ring-len", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--tune", action="store_true", help="also time alternative launch configurations")
+    parser.add_argument("--tune-kinds", nargs="+", choices=["step", "replay", "view"], default=["step", "replay", "view"],
+                        help="with --tune: whose alternatives to time (default all three)")
     common.add_layers_option(parser)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gdn_decode.json"))
     parser.add_argument("--key-heads", type=int, default=16,
@@ -175,7 +178,8 @@ def main():
     bw = common.measure_bandwidth()
     rows = []
     for batch in args.batches:
-        r = bench_batch(batch, args.ring_len, shape, fla, gen, tune=args.tune, layers=args.layers)
+        r = bench_batch(batch, args.ring_len, shape, fla, gen, tune=args.tune, layers=args.layers,
+                        tune_kinds=tuple(args.tune_kinds))
         nbytes = analytic_bytes(batch, args.ring_len, shape)
         common.decode_ratios(r, nbytes, bw)
         rows.append(r)

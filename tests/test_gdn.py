@@ -141,6 +141,8 @@ TUNE_CONFIGS = [
     "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4",
     "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_rows=8",  # a row across the warp, 8 rows per block
     "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=20",  # rows over blocks, a partial group
+    "gdn_step_ahead=2",  # the one-warp step with the next row iterations' state in flight (cp.async stages)
+    "gdn_step_ahead=3,gdn_step_rows=12",  # staged, a partial row group
     "fold_pair=1",  # the replay step's folds two row iterations per trip (the default only past one resident wave)
     "fold_pair=1,gdn_replay_rows=36,gdn_replay_variant=2",
     "gdn_replay_split=0,gdn_replay_bps=64",  # the replay step's rows as the block split gives them (uneven blocks)
@@ -149,6 +151,40 @@ TUNE_CONFIGS = [
     "stream_lean=1,fold_pair=1,gdn_replay_rows=48",
     "stream_lean=0,fold_pair=1,gdn_replay_rows=48,gdn_replay_variant=0",
 ]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [0, 12, 64], ids=lambda r: f"rows{r}")
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_cuda_staged_step_gives_the_same_bits(monkeypatch, rows, graph):
+    """gdn_step with the state of the next 1-3 row iterations in flight (REPLAYSSM_TUNE gdn_step_ahead=1..4: cp.async
+    into shared-memory stages, v an iteration ahead) runs the same fp32 operations in the same order as the one-warp
+    default (gdn_step_ahead=0): over several tokens, with a head's rows in one block or split over blocks (whole and
+    partial row groups, 1 to 8 row iterations a block), outputs and states are the same bits, eager and in a CUDA
+    graph."""
+    gen = make_gen()
+    HV, H, K, V, batch, num_slots, tokens = 4, 2, 128, 128, 3, 5, 4
+    layer = GdnLayer(HV, H, K, V, "cuda", gen)
+    ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32).cuda()
+    pool = (torch.randn(num_slots, HV, V, K, generator=gen) * 0.1).cuda()
+    toks = [layer.token(batch, torch.bfloat16, gen) for _ in range(tokens)]
+    inputs = [torch.stack([tk[k] for tk in toks]) for k in ("q", "k", "v", "a", "b")]
+    outs = torch.zeros((tokens, batch, HV, V), dtype=torch.bfloat16, device="cuda")
+
+    def one_token(pools, q, k, v, a, b, out):
+        replayssm.gdn_step(pools[0], q, k, v, a, b, layer.A_log, slot_ids=ids, dt_bias=layer.dt_bias, out=out)
+
+    def chain(env):
+        out = outs.clone()
+        return out, run_chain(monkeypatch, env, one_token, [pool.clone()], inputs, out, graph)
+
+    forced = f",gdn_step_rows={rows}" if rows else ""
+    assert_chains_agree(chain, [{"REPLAYSSM_TUNE": f"gdn_step_ahead={a}{forced}"} for a in (0, 1, 2, 3, 4)])
+    got = chain({"REPLAYSSM_TUNE": f"gdn_step_ahead=2{forced}"})[1][0]
+    assert not torch.equal(got, pool)  # (the states moved)
+    others = sorted(set(range(num_slots)) - set(ids.cpu().tolist()))
+    assert torch.equal(got[others], pool[others])  # slots outside the batch untouched
 
 
 @pytest.mark.cuda

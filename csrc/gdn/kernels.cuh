@@ -23,8 +23,9 @@
 //
 // Launch-configuration knobs (REPLAYSSM_TUNE="key=value,...", common/cuda_utils.cuh; read at every launch; the
 // variants exist for fp32 state/checkpoint, bf16 activations, K = 128 only, the benchmark's configuration):
-//   The step's default there (no gdn_step_* knob but bps/rows): one-warp blocks, 8 lanes per row, 2 rows in flight per
-//   thread, at most 32 rows per block. Setting gdn_step_unroll or gdn_step_lanes alone selects 128-thread blocks:
+//   The step's default there (no gdn_step_* knob but bps/rows): one-warp blocks, 8 lanes per row, 2 rows a thread per
+//   row iteration, the next 3 iterations' rows in flight (gdn_step_ahead), at most 32 rows per block. Setting
+//   gdn_step_unroll or gdn_step_lanes alone selects 128-thread blocks:
 //   gdn_step_unroll    rows in flight per thread: 1, 2, 4 (128 threads' default), 8 (not with 4 lanes: it spills)
 //   gdn_step_lanes     lanes per state row: 4, 8 (default: 16 columns per lane), 16, 32
 //   gdn_step_bps       blocks per SM the row split aims at when batch * HV is small (default 8)
@@ -33,6 +34,9 @@
 //                      session 9); 32: one-warp blocks (8 lanes per row, gdn_step_unroll 1 or 2 (default), 16
 //                      blocks/SM, rows per block not capped; with gdn_step_lanes=32: a row across the warp,
 //                      gdn_step_unroll 8 (default, 24 blocks/SM) or 4 (32))
+//   gdn_step_ahead     the one-warp, 2-row default's state of the next 1, 2 or 3 (default) row iterations in flight
+//                      (cp.async into 4 KB shared-memory stages each) while one computes; 4: 2 of them, at most 102
+//                      registers (20 blocks/SM); 0: none (each iteration loads its rows, then computes; before s34)
 //   gdn_step_hints     1: the one-warp, 2-row kernel (the default) with streaming (.cs) state loads and stores; its
 //                      default has plain ones since session 10 (0.3-0.7% faster at batch 1, 128 and 256 in each of
 //                      four runs, sessions 9 and 10)
@@ -151,9 +155,14 @@ __device__ __forceinline__ void gdn_token_columns(const GdnTokenParams& p, int b
 // Standard step: S <- alpha S + u k^T with u = beta (v - alpha S k); o = S q. Reads and writes |S|.
 // Grid (row chunks of V, HV, batch); a block streams rows_per_block rows of one value head.
 // kStreamHints: the state's loads and stores with the streaming hint (.cs, evict first), else plain.
+// kAhead > 0 (fp32 state only): the state rows of the next kAhead row iterations are in flight (cp.async into
+// shared memory, kAhead stages of the block's own vectors; each thread copies and later reads only its own, so no
+// barrier) while a row iteration computes, and the v of the next iteration is loaded one iteration ahead; 0: each
+// iteration loads its rows, then computes (the loads of one iteration in flight at a time per warp).
 template <typename state_t, typename act_t, int kK, int kThreads, int kUnroll, int kLanesPerRow, int kMinBlocks,
-          bool kStreamHints = true>
+          bool kStreamHints = true, int kAhead = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const GdnStepParams p, const int rows_per_block) {
+  static_assert(kAhead == 0 || std::is_same_v<state_t, float>, "the staged step is for an fp32 state");
   using Layout = RowLayout<state_t, kK, kThreads, kUnroll, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
   const int hv = blockIdx.y, b = blockIdx.z;
@@ -188,19 +197,62 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
       }
     }
   };
+  // kAhead: stage a of the ring holds iterations a, a + kAhead, ...; [stage][u][v][thread] 16-byte vectors.
+  extern __shared__ uint4 step_stage[];
+  auto stage_vec = [&](int it, int u, int v) -> uint4& {
+    return step_stage[((it % (kAhead > 0 ? kAhead : 1) * kUnroll + u) * kVecs + v) * kThreads + threadIdx.x];
+  };
+  auto issue_stage = [&](int it) {  // iteration it's state rows into its stage (one commit group, empty past the end)
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = row_of(row_begin + it * Layout::kRowsPerIter, u);
+      if (r < row_end)
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+          cp_async16(&stage_vec(it, u, v), S + int64_t(r) * p.state_row_stride + Layout::col(lane_in_row, v, 0));
+    }
+    cp_async_commit();
+  };
+  float vn[kUnroll];  // kAhead: the next iteration's v
+  auto load_v = [&](int base, float (&dst)[kUnroll]) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = row_of(base, u);
+      if (r < row_end) dst[u] = to_float(vin[r]);
+    }
+  };
   // The state needs only the slot: in flight while q, k, a and b arrive. With PDL (common/cuda_utils.cuh) it is
   // requested before the kernel ahead on the stream has finished; the token's inputs only after.
-  load_rows(row_begin, true, false);
+  if constexpr (kAhead > 0) {
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) issue_stage(a);
+  } else {
+    load_rows(row_begin, true, false);
+  }
   pdl_wait();
   pdl_trigger();
-  load_rows(row_begin, false, true);
+  if constexpr (kAhead > 0) load_v(row_begin, vn);
+  else load_rows(row_begin, false, true);
 
   float kv[kCols], qv[kCols], g, beta;
   gdn_token_columns<act_t, kK, Layout>(p, b, hv, lane_in_row, kv, qv, g, beta);
   const float alpha = expf(g);
 
-  for (int base = row_begin; base < row_end; base += Layout::kRowsPerIter) {
-    if (base != row_begin) load_rows(base, true, true);
+  for (int base = row_begin, it = 0; base < row_end; base += Layout::kRowsPerIter, ++it) {
+    if constexpr (kAhead > 0) {
+      cp_async_wait<(kAhead > 0 ? kAhead - 1 : 0)>();  // this iteration's group (kAhead - 1 issued after it)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        vr[u] = vn[u];
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v)
+          unpack16<state_t>(stage_vec(it, u, v), *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
+      }
+      issue_stage(it + kAhead);  // into the stage just read (this thread's own vectors)
+      if (base + Layout::kRowsPerIter < row_end) load_v(base + Layout::kRowsPerIter, vn);
+    } else if (base != row_begin) {
+      load_rows(base, true, true);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
@@ -1677,7 +1729,7 @@ void gdn_replay_state_cuda_for_ckpt(const GdnReplayStateParams& p, cudaStream_t 
 // registers).
 // max_rows (0: none) caps the rows per block that the split chooses (not a forced gdn_step_rows).
 template <typename state_t, typename act_t, int kK, int kUnroll, int kLanes, int kMinBlocks, int kThreads = 128,
-          bool kStreamHints = true>
+          bool kStreamHints = true, int kAhead = 0>
 void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream, const int max_rows = 0) {
   using Layout = RowLayout<state_t, kK, kThreads, kUnroll, kLanes>;
   constexpr int kRowGroup = Layout::kWarps * Layout::kRowsPerWarp;  // rows of one unrolled load
@@ -1696,8 +1748,9 @@ void launch_gdn_step(const GdnStepParams& p, cudaStream_t stream, const int max_
   rows = std::min(rows, p.vdim);
   const int chunks = (p.vdim + rows - 1) / rows;
   const dim3 grid(chunks, p.nheads, p.batch);
-  launch_maybe_pdl(gdn_step_kernel<state_t, act_t, kK, kThreads, kUnroll, kLanes, kMinBlocks, kStreamHints>, grid, kThreads, 0,
-                   stream, pdl_requested(), "gdn_step kernel launch", p, rows);
+  constexpr int kStageBytes = kAhead * kUnroll * Layout::kVecsPerLane * kThreads * 16;  // kAhead's stages
+  launch_maybe_pdl(gdn_step_kernel<state_t, act_t, kK, kThreads, kUnroll, kLanes, kMinBlocks, kStreamHints, kAhead>, grid, kThreads,
+                   kStageBytes, stream, pdl_requested(), "gdn_step kernel launch", p, rows);
 }
 
 template <DType kState>
@@ -1729,6 +1782,18 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
           if (unroll == 1) return launch_gdn_step<float, act_t, kK, 1, 8, 16, 32>(p, stream);
           if (tune_knob("gdn_step_hints") == 1)  // streaming (.cs) loads and stores of the state (the default before session 10)
             return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32>(p, stream, threads <= 0 ? 32 : 0);
+          // The state of the next 1-3 row iterations in flight (cp.async stages) while one computes; the default
+          // since session 34: 3 (H100, one run, bench/results/session34/gdn_step_ahead_call4_h100.json: 53.7 / 195.0
+          // / 383.8 -> 50.8 / 189.1 / 373.7 us at batch 32 / 128 / 256, 91.9% -> 94.7% of copy at 128; batch 1 level,
+          // 5.17 against 5.19). gdn_step_ahead=0: each row iteration loads, then computes (the default before).
+          const int ahead = tune_knob("gdn_step_ahead");
+          switch (ahead < 0 ? 3 : ahead) {
+            case 1: return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32, false, 1>(p, stream, threads <= 0 ? 32 : 0);
+            case 2: return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32, false, 2>(p, stream, threads <= 0 ? 32 : 0);
+            case 3: return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32, false, 3>(p, stream, threads <= 0 ? 32 : 0);
+            case 4: return launch_gdn_step<float, act_t, kK, 2, 8, 20, 32, false, 2>(p, stream, threads <= 0 ? 32 : 0);
+            default: break;
+          }
           return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32, false>(p, stream, threads <= 0 ? 32 : 0);  // plain
         }
         if (lanes == 4) switch (unroll) {  // 32 columns per lane
