@@ -141,7 +141,7 @@ TUNE_CONFIGS = [
     "gdn_step_threads=32,gdn_step_unroll=1,gdn_step_rows=4",
     "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_rows=8",  # a row across the warp, 8 rows per block
     "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=20",  # rows over blocks, a partial group
-    "gdn_step_ahead=2",  # the one-warp step with the next row iterations' state in flight (cp.async stages)
+    "gdn_step_ahead=2,gdn_step_rows=32",  # the one-warp step, the next row iterations' state in flight (cp.async)
     "gdn_step_ahead=3,gdn_step_rows=12",  # staged, a partial row group
     "fold_pair=1",  # the replay step's folds two row iterations per trip (the default only past one resident wave)
     "fold_pair=1,gdn_replay_rows=36,gdn_replay_variant=2",
@@ -155,14 +155,15 @@ TUNE_CONFIGS = [
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("rows", [0, 12, 64], ids=lambda r: f"rows{r}")
+@pytest.mark.parametrize("rows", [0, 32, 12, 44, 64, 128], ids=lambda r: f"rows{r}")
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_cuda_staged_step_gives_the_same_bits(monkeypatch, rows, graph):
     """gdn_step with the state of the next 1-3 row iterations in flight (REPLAYSSM_TUNE gdn_step_ahead=1..4: cp.async
     into shared-memory stages, v an iteration ahead) runs the same fp32 operations in the same order as the one-warp
-    default (gdn_step_ahead=0): over several tokens, with a head's rows in one block or split over blocks (whole and
-    partial row groups, 1 to 8 row iterations a block), outputs and states are the same bits, eager and in a CUDA
-    graph."""
+    default (gdn_step_ahead=0): over several tokens, with the rows a block gets (8 rows an iteration): this batch's
+    default split (4 rows: one half-masked iteration), 32 (the benchmark's blocks: 4 iterations), 12 (a partial
+    second one), 44 (6, the last partial after the stages wrapped), 64 (8) and 128 (a head in one block: 16),
+    outputs and states are the same bits, eager and in a CUDA graph."""
     gen = make_gen()
     HV, H, K, V, batch, num_slots, tokens = 4, 2, 128, 128, 3, 5, 4
     layer = GdnLayer(HV, H, K, V, "cuda", gen)

@@ -36,8 +36,10 @@
 //                      gdn_step_unroll 8 (default, 24 blocks/SM) or 4 (32))
 //   gdn_step_ahead     the one-warp, 2-row default's state of the next 1, 2 or 3 (default) row iterations in flight
 //                      (cp.async into 4 KB shared-memory stages each) while one computes; 4: 2 of them, at most 102
-//                      registers (20 blocks/SM); 0: none (each iteration loads its rows, then computes; before s34)
-//   gdn_step_hints     1: the one-warp, 2-row kernel (the default) with streaming (.cs) state loads and stores; its
+//                      registers (ptxas: 96, 20 blocks/SM; 1-3: 118, 16 blocks/SM, as the former kernel's 104);
+//                      0: none (each iteration loads its rows, then computes; before s34)
+//   gdn_step_hints     1: the one-warp, 2-row kernel (the default, unstaged: gdn_step_ahead does not apply) with
+//                      streaming (.cs) state loads and stores; its
 //                      default has plain ones since session 10 (0.3-0.7% faster at batch 1, 128 and 256 in each of
 //                      four runs, sessions 9 and 10)
 //   gdn_replay_variant default: 4 stages, 8 lanes per row, 4 blocks/SM; 0: 3 stages, 4 lanes, 3 blocks/SM (the
