@@ -1787,7 +1787,8 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
           // The state of the next 1-3 row iterations in flight (cp.async stages) while one computes; the default
           // since session 34: 3 (H100, one run, bench/results/session34/gdn_step_ahead_call4_h100.json: 53.7 / 195.0
           // / 383.8 -> 50.8 / 189.1 / 373.7 us at batch 32 / 128 / 256, 91.9% -> 94.7% of copy at 128; batch 1 level,
-          // 5.17 against 5.19). gdn_step_ahead=0: each row iteration loads, then computes (the default before).
+          // 5.17 against 5.19 in gdn_step_ahead_b1_call5_h100.json). gdn_step_ahead=0: each row iteration loads, then
+          // computes (the default before).
           const int ahead = tune_knob("gdn_step_ahead");
           switch (ahead < 0 ? 3 : ahead) {
             case 1: return launch_gdn_step<float, act_t, kK, 2, 8, 16, 32, false, 1>(p, stream, threads <= 0 ? 32 : 0);
