@@ -69,7 +69,10 @@ def make_inputs(batch, n_layers, L, gen, device="cuda"):
 # graphs rotate independent layers, so no launch reads what the one ahead of it wrote).
 # pdl=1,pdl_ring_ahead=0: with PDL, the replay's ring requested after the wait (the default requests it before).
 # step_split_loads=1: the step's load order under PDL (state rows, then the inputs) without PDL: the order's own cost.
-STEP_TUNES = ["step_unroll=1", "step_unroll=2", "step_unroll=4", "step_unroll=8", "step_unroll=8,step_bps=2", "pdl=1",
+# step_ahead=1..3: the next row iterations' state in flight (cp.async stages; unroll 2 or 4, at most 2 ahead with 4:
+# at batch 32, whose default unroll is 4, step_ahead=2 and =3 time the same kernel).
+STEP_TUNES = ["step_ahead=0", "step_ahead=1", "step_ahead=2", "step_ahead=3", "step_ahead=3,step_unroll=2",
+              "step_ahead=0,step_unroll=4", "step_unroll=1", "step_unroll=8", "step_unroll=8,step_bps=2", "pdl=1",
               "step_split_loads=1", "step_unroll=1,step_bps=16"]
 # (step_unroll=1,step_bps=16: at batch 1, 2048 blocks of 4 rows, mamba_ssm's Triton grid for N = 128)
 # (replay_rows=64 and replay_prefetch=1: for batch 1, where the default's 32-row blocks (one row iteration per
@@ -88,7 +91,7 @@ VIEW_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=
 # (the view runs the same kernel and launcher as plain caches; view_fold_lean=0: its folds stream the view too)
 
 
-def bench_batch(batch, L, ssu, gen, tune=False, layers=None) -> dict:
+def bench_batch(batch, L, ssu, gen, tune=False, layers=None, tune_kinds=("step", "replay", "view")) -> dict:
     """µs per step and layer of every kernel at one batch size, all timed interleaved in one time_interleaved call
     (with their alternative configurations when tune)."""
     state_layer = batch * H * P * N * 4
@@ -109,7 +112,7 @@ def bench_batch(batch, L, ssu, gen, tune=False, layers=None) -> dict:
             for pool, t in zip(pools, step):
                 replayssm.mamba2_step(pool, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots, out=t["out"], **kw)
     fns = {"standard": standard_cycle}
-    if tune:
+    if tune and "step" in tune_kinds:
         fns.update(common.tune_entries(standard_cycle, "standard", STEP_TUNES))
 
     if ssu is not None:
@@ -129,7 +132,7 @@ def bench_batch(batch, L, ssu, gen, tune=False, layers=None) -> dict:
         name = "replay" if view is None else "replay_view"
         all_caches[name], fns[name] = replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view)
         tunes = REPLAY_TUNES if view is None else VIEW_TUNES
-        if tune:
+        if tune and ("replay" if view is None else "view") in tune_kinds:
             fns.update(common.tune_entries(fns[name], name, tunes))
             common.add_aligned(fns, all_caches, name, *replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view,
                                                                     aligned=True))
@@ -164,6 +167,8 @@ def main():
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128, 256])
     parser.add_argument("--ring-len", type=int, default=16)
     parser.add_argument("--tune", action="store_true", help="also time alternative launch configurations")
+    parser.add_argument("--tune-kinds", nargs="+", choices=["step", "replay", "view"], default=["step", "replay", "view"],
+                        help="with --tune: whose alternatives to time (default all three)")
     common.add_layers_option(parser)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "mamba2_decode.json"))
     args = parser.parse_args()
@@ -172,7 +177,8 @@ def main():
     bw = common.measure_bandwidth()
     rows = []
     for batch in args.batches:
-        r = bench_batch(batch, args.ring_len, ssu, gen, tune=args.tune, layers=args.layers)
+        r = bench_batch(batch, args.ring_len, ssu, gen, tune=args.tune, layers=args.layers,
+                        tune_kinds=tuple(args.tune_kinds))
         nbytes = analytic_bytes(batch, args.ring_len)
         common.decode_ratios(r, nbytes, bw)
         r["standard_TBps"] = nbytes["standard"] / r["standard_us"] / 1e6

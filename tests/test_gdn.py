@@ -150,6 +150,9 @@ TUNE_CONFIGS = [
     "stream_lean=1",  # from 32-bit offsets (a plain cache's default past one resident wave)
     "stream_lean=1,fold_pair=1,gdn_replay_rows=48",
     "stream_lean=0,fold_pair=1,gdn_replay_rows=48,gdn_replay_variant=0",
+    "replay_stage0_first=0,gdn_replay_rows=64",  # the replay prologue waits for every first stage (before session 35)
+    "replay_stage0_first=1,fold_pair=1,gdn_replay_rows=120,gdn_replay_prefetch=0",  # across a value head's end
+    "replay_stage0_first=0,gdn_replay_variant=0,gdn_replay_rows=40",  # 3 stages: one issued after the ring
 ]
 
 

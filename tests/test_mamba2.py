@@ -132,12 +132,54 @@ def test_cuda_wide_offset_stream_matches_reference(monkeypatch, act_dtype, state
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("case", [dict(P=64, tune="step_unroll=2,step_bps=1"), dict(P=20, tune="step_unroll=2,step_bps=1"),
+                                  dict(P=64, tune="step_unroll=4,step_bps=1"), dict(P=64, tune="")],
+                         ids=["8iters", "partial", "unroll4", "1iter"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_cuda_staged_step_gives_the_same_bits(monkeypatch, case, graph):
+    """mamba2_step with the state of the next 1-3 row iterations in flight (REPLAYSSM_TUNE step_ahead=1..3: cp.async
+    into shared-memory stages, x and z an iteration ahead) runs the same fp32 operations in the same order as the
+    kernel without (step_ahead=0): over several tokens, with blocks of 8 row iterations (2 rows a thread), of 3 with
+    a partial one (P = 20), of 4 (4 rows a thread: at most 2 ahead) and of a single one (this batch's default), the
+    staged prologue also in the PDL load order (step_split_loads=1), outputs and states are the same bits, eager
+    and in a CUDA graph; slots outside the batch stay as they were."""
+    gen = make_gen()
+    H, P, G, N, batch, num_slots, tokens = 8, case["P"], 2, 128, 24, 27, 3
+    layer = Layer(H, P, G, N, "cuda", gen)
+    ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32).cuda()
+    pool = (torch.randn(num_slots, H, P, N, generator=gen) * 0.1).cuda()
+    toks = [layer.token(batch, torch.bfloat16, gen) for _ in range(tokens)]
+    inputs = [torch.stack([tk[k] for tk in toks]) for k in ("x", "dt", "B", "C", "z")]
+    outs = torch.zeros((tokens, batch, H, P), dtype=torch.bfloat16, device="cuda")
+
+    def one_token(pools, x, dt, B, C, z, out):
+        replayssm.mamba2_step(pools[0], x, dt, layer.A, B, C, slot_ids=ids, z=z, out=out, **layer.kwargs())
+
+    def chain(env):
+        out = outs.clone()
+        return out, run_chain(monkeypatch, env, one_token, [pool.clone()], inputs, out, graph)
+
+    tune = case["tune"] + ("," if case["tune"] else "")
+    envs = [{"REPLAYSSM_TUNE": f"{tune}step_ahead={a}"} for a in (0, 1, 2, 3)]
+    envs.append({"REPLAYSSM_TUNE": f"{tune}step_ahead=3,step_split_loads=1"})  # the PDL load order (PDL itself:
+    # test_cuda_pdl_launches_give_the_same_bits, whose chains of layers keep PDL's contract; one pool here does not)
+    assert_chains_agree(chain, envs)
+    got = chain({"REPLAYSSM_TUNE": f"{tune}step_ahead=3"})[1][0]
+    assert not torch.equal(got, pool)  # (the states moved)
+    others = sorted(set(range(num_slots)) - set(ids.cpu().tolist()))
+    assert torch.equal(got[others], pool[others])  # slots outside the batch untouched
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("tune", ["replay_rows=32", "replay_rows=64,replay_prefetch=1", "replay_prefetch=1",
                                   "replay_prefetch=0", "replay_rows=96", "replay_rows=96,replay_prefetch=0",
                                   "stream_lean=0", "stream_lean=0,replay_rows=96",
                                   "step_unroll=1", "step_unroll=2", "step_unroll=8,step_bps=2",
                                   "replay_rows=160", "fold_pair=1", "fold_pair=1,replay_rows=160",
-                                  "fold_pair=1,stream_lean=0", "replay_sm_rows=0"])
+                                  "fold_pair=1,stream_lean=0", "replay_sm_rows=0", "step_ahead=3",
+                                  "step_ahead=2,step_unroll=4", "step_ahead=1,step_bps=1",
+                                  "step_ahead=0,step_unroll=2"])
 def test_cuda_replay_launch_configurations(monkeypatch, tune):
     """The replay kernel's launch configurations: many blocks per slot (each counting in on the arrival counter),
     blocks that straddle heads (96 rows, P = 64), an odd number of row iterations per block (160 rows: 5; the folds
@@ -542,7 +584,9 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
     seed = torch.randint(0, 2**31 - 1, ()).item()
     pdl = {"REPLAYSSM_PDL": "1"}
     extra = ([dict(pdl, REPLAYSSM_TUNE=t) for t in ("replay_fold_first=1", "pdl_ring_ahead=0", "replay_prefetch=0")] if kind != "step"
-             else [{"REPLAYSSM_TUNE": "step_split_loads=1"}])
+             else [{"REPLAYSSM_TUNE": "step_split_loads=1"}, dict(pdl, REPLAYSSM_TUNE="step_ahead=3"),
+                   dict(pdl, REPLAYSSM_TUNE="step_ahead=2,step_unroll=2"),
+                   dict(pdl, REPLAYSSM_TUNE="step_ahead=0")])  # (the staged step under PDL)
     envs = [{"REPLAYSSM_PDL": "0"}, pdl] + extra
     assert_chains_agree(lambda env: _pdl_chain(monkeypatch, kind, env, seed, graph, layers), envs)
 

@@ -346,7 +346,9 @@ def test_gdn_verify_with_the_numerical_split():
 # wide- and lean-offsets: the row copies from 64-bit addresses or 32-bit offsets (a plain cache's default at this
 # batch is the former, a view's the latter).
 GDN_SPLIT_TUNES = {"default": "", "rows": "gdn_replay_rows={rows},gdn_replay_prefetch=0", "view-variant-0": "gdn_view_variant=0",
-                   "wide-offsets": "stream_lean=0", "lean-offsets": "stream_lean=1"}
+                   "wide-offsets": "stream_lean=0", "lean-offsets": "stream_lean=1",
+                   "stage0-all": "replay_stage0_first=0",  # every first stage before the prologue's wait (before s35)
+                   "stage0-first-straddle": "replay_stage0_first=1,gdn_replay_rows=120"}
 
 
 @pytest.mark.cuda

@@ -42,6 +42,9 @@
 //                      streaming (.cs) state loads and stores; its
 //                      default has plain ones since session 10 (0.3-0.7% faster at batch 1, 128 and 256 in each of
 //                      four runs, sessions 9 and 10)
+//   replay_stage0_first 1 (default): the GDN replay step's prologue waits for its first row iteration and the ring
+//                      only (the next kStages - 2 iterations' copies issued after the ring's, left in flight); 0: for
+//                      every copy it issued (before session 35)
 //   gdn_replay_variant default: 4 stages, 8 lanes per row, 4 blocks/SM; 0: 3 stages, 4 lanes, 3 blocks/SM (the
 //                      default before 2026-12-01); 1: 4 stages, 4 lanes, 2 blocks/SM; 2: 6 stages, 8 lanes, 3 blocks/SM
 //                      (plain caches; a cache with a view has its own configuration, any activation dtype and K)
@@ -423,8 +426,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(V);
   };
+  // stage0_first (params.h, the default since session 35): only iteration 0 now, iterations 1..kStages-2 after the
+  // ring's group (below), so that the prologue waits for iteration 0 and the ring alone (a thread's groups complete
+  // in order; the row loop's waits count as before, the ring's group being older than iteration 1's).
+  const bool stage0_first = p.stage0_first != 0 && kStages > 2;
+  issue(0, 0);
+  if (!stage0_first)
 #pragma unroll
-  for (int it = 0; it < kStages - 1; ++it) issue(it, it);
+    for (int it = 1; it < kStages - 1; ++it) issue(it, it);
 
   // ---- Prologue: v_t and the ring into shared memory (one cp.async group), the token's q, k, g, beta.
   const float* ring_u = c.ring_u + slot * c.ring_u_slot_stride + int64_t(h) * ratio * c.ring_u_head_stride;
@@ -482,6 +491,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   check_replay_cursor(w, L, slot, "gdn_replay_step");
   cp_async_commit();
+  if (stage0_first)
+#pragma unroll
+    for (int it = 1; it < kStages - 1; ++it) issue(it, it);
   // The fold count (stochastic rounding's Philox counter): read, and the load consumed, before the block counts in,
   // since the slot's last block increments it. (Only stochastic rounding uses it in the row loop; the increment
   // re-reads it, so that no register holds it across the loop: at 168 registers the view kernels spilled.)
@@ -492,7 +504,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       if (fold_no == 0xffffffffu) __trap();  // (consumes the load before the barrier; 2^32 folds do not happen)
     }
   }
-  cp_async_wait<0>();
+  // The ring's group and every group before it (stage0_first: iterations 1..kStages-2 may stay in flight).
+  if (stage0_first) cp_async_wait<(kStages > 2 ? kStages - 2 : 0)>();
+  else cp_async_wait<0>();
   __syncthreads();  // tiles and token written; every thread of the block has read the cursor (and the fold count)
 
   // Count this block in: all its threads have read the cursor, so the slot's last block to arrive may advance it
@@ -1899,6 +1913,11 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   if (smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_step shared memory");
   GdnReplayParams q = p;
+  // The prologue waits for the first row iteration and the ring only, the next iterations' copies issued after the
+  // ring's (default since session 35: H100, one run, bench/results/session35/gdn_fp_call2_h100.json: replay 34.8 /
+  // 111.5 / 213.0 -> 34.3 / 110.3 / 211.7 us at batch 32 / 128 / 256, the view 30.8 / 80.7 / 148.9 -> 29.5 / 79.8 /
+  // 148.2). REPLAYSSM_TUNE replay_stage0_first=0: every first stage waited for (the former prologue).
+  q.stage0_first = tune_knob("replay_stage0_first") != 0 ? 1 : 0;
   // Folding rows first (common/fold_order.cuh): with a view, and here also for a plain checkpoint whose grid is at most
   // two resident waves (batch 32: 28.7-29.7 against 29.7-30.1 us in each of eight H200 runs, sessions 17-32, the
   // replay_fold_first=1 entries; 34.66 against 34.91 on an H100, session 32; at 128 and 256 it lost, and the Mamba-2

@@ -75,6 +75,9 @@ struct GdnReplayParams : GdnTokenParams {
   // Replay step on CUDA: batch ints of device memory for the fold-first row order (common/fold_order.cuh); the
   // launcher passes the kernel the order it filled there, or null (the grid's order).
   int* row_order = nullptr;
+  // Replay step: 1 = only the first row iteration's copies ahead of the ring's (REPLAYSSM_TUNE replay_stage0_first;
+  // the launcher sets it).
+  int stage0_first = 0;
 };
 
 struct GdnReplayStateParams {

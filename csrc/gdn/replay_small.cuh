@@ -231,7 +231,8 @@ bool launch_gdn_replay_step_small(const GdnReplayParams& p, cudaStream_t stream)
   if (knob == 0) return false;
   // A forced general-kernel configuration means the general kernel (its launch-configuration tests and tune entries).
   for (const char* key : {"gdn_replay_rows", "gdn_replay_bps", "gdn_replay_split", "gdn_replay_variant", "gdn_replay_prefetch",
-                          "stream_lean", "fold_pair", "replay_fold_first", "pdl_ring_ahead"})
+                          "stream_lean", "fold_pair", "replay_fold_first", "pdl_ring_ahead",
+                          "replay_stage0_first"})
     if (tune_knob(key) >= 0) return false;
   const GdnReplayCacheParams& c = p.cache;
   const int ratio = p.nheads / p.nkheads;

@@ -11,6 +11,10 @@
 //   step_unroll      rows in flight per thread in mamba2_step: 1, 2, 4, 8 (default 4, or 2 with >= 64 heads per SM
 //                    or at most one)
 //   step_bps         blocks per SM mamba2_step's row split aims at (default 8)
+//   step_ahead       1-3: mamba2_step with the next 1-3 row iterations' state in flight (cp.async stages; fp32 state,
+//                    bf16 activations, dstate 128, unroll 2 or 4: with 4 (the default below 64 heads an SM, e.g.
+//                    batch 32) 3 runs as 2; ignored with step_unroll 1 or 8); unset: 3 past one block per SM, 0 at
+//                    resident grids (batch 1; since session 35); 0: off (the kernel before)
 //   replay_rows      rows of a group per replay-step block (forced; replay_step.cuh)
 //   replay_prefetch  1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
 //   stream_lean      0: 64-bit row and output addresses in the replay step and verify (default: 32-bit offsets)
@@ -154,12 +158,29 @@ struct RowLayout {
   }
 };
 
+// cp.async (16 bytes: .cg, L2 only; 4 bytes: .ca) and its groups.
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* smem_dst, const void* gmem_src) {  // (both 4-byte aligned)
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
+
 // ---------------------------------------------------------------------------------------------------
 // Standard step: S <- exp(dt A) S + dt x (x) B ; y = S C + D x (* silu z). Reads and writes |S| per step.
 // Grid (row chunks of P, H, batch); a block streams rows_per_block rows of one head.
-template <typename state_t, typename act_t, int kN, int kThreads, int kUnroll>
+// kAhead > 0: the state rows of the next kAhead row iterations are in flight (cp.async into kAhead shared-memory
+// stages of the thread's own vectors: each thread copies and later reads only its own, so no barrier) while an
+// iteration computes, and its x and z one iteration ahead; 0: each iteration loads its rows, then computes.
+template <typename state_t, typename act_t, int kN, int kThreads, int kUnroll, int kAhead = 0>
 __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepParams p, const int rows_per_block,
                                                                const bool split_loads) {
+  static_assert(kAhead == 0 || std::is_same_v<state_t, float>, "the staged step is for an fp32 state (the dispatch's)");
   using Layout = RowLayout<state_t, kN, kThreads, kUnroll>;
   const int b = blockIdx.z, h = blockIdx.y;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
@@ -198,12 +219,47 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
       }
     }
   };
+  // kAhead: stage a holds iterations a, a + kAhead, ...; [stage][u][v][thread] 16-byte vectors.
+  extern __shared__ uint4 m2_step_stage[];
+  auto stage_vec = [&](int it, int u, int v) -> uint4& {
+    return m2_step_stage[((it % (kAhead > 0 ? kAhead : 1) * kUnroll + u) * Layout::kVecsPerLane + v) * kThreads + threadIdx.x];
+  };
+  auto issue_stage = [&](int it) {  // iteration it's state rows into its stage (one commit group, empty past the end)
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = row_of(row_begin + it * Layout::kRowsPerIter, u);
+      if (r < row_end)
+#pragma unroll
+        for (int v = 0; v < Layout::kVecsPerLane; ++v)
+          cp_async16(&stage_vec(it, u, v), S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0));
+    }
+    cp_async_commit();
+  };
+  float xn[kUnroll] = {}, zn[kUnroll] = {};  // kAhead: the next iteration's x and z (masked rows: 0)
+  auto load_inputs = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = row_of(base, u);
+      if (r < row_end) {
+        if (p.z && lane_in_row == 0) zn[u] = to_float(z[r]);
+        xn[u] = to_float(x[r]);
+      }
+    }
+  };
   // The state needs only the slot: in flight while dt, B and C arrive. With PDL (split_loads; common/cuda_utils.cuh)
   // it is requested before the kernel ahead on the stream has finished, the token's inputs only after. Without it
   // each row's input loads go with its state loads, and no wait (a compiler barrier even where it is a no-op) orders
   // the code: at batch 1 the split order measured 5.93 us against 5.45 without it in one run (REPLAYSSM_TUNE
   // step_split_loads=1; bench/results/session19/mamba2_tune_x_call1.json).
-  if (split_loads) {
+  if constexpr (kAhead > 0) {
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) issue_stage(a);
+    if (split_loads) {
+      pdl_wait();
+      pdl_trigger();
+    }
+    load_inputs(row_begin);
+  } else if (split_loads) {
     load_rows(row_begin, true, false);
     pdl_wait();
     pdl_trigger();
@@ -233,9 +289,24 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   // guard ahead of the first iteration. With the guard, nvcc placed the C_t loads after it (their only use is in
   // the loop), behind dt's softplus, which waits for dt: a second round trip after the state's (SASS, sm_90a,
   // session 21); now they leave with B_t's.
-  int base = row_begin;
+  int base = row_begin, it = 0;
   do {
-    if (base != row_begin) load_rows(base, true, true);
+    if constexpr (kAhead > 0) {
+      cp_async_wait<(kAhead > 0 ? kAhead - 1 : 0)>();  // this iteration's group (kAhead - 1 issued after it)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        xv[u] = xn[u], zv[u] = zn[u];
+#pragma unroll
+        for (int v = 0; v < Layout::kVecsPerLane; ++v)
+          unpack16<state_t>(stage_vec(it, u, v), *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+      }
+      // Into the stage just read: this thread's own vectors, whose shared loads precede the copy in program order
+      // (PTX: cp.async is ordered after the thread's prior instructions; the asm's memory clobber keeps them first).
+      issue_stage(it + kAhead);
+      if (base + Layout::kRowsPerIter < row_end) load_inputs(base + Layout::kRowsPerIter);
+    } else if (base != row_begin) {
+      load_rows(base, true, true);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int r = row_of(base, u);
@@ -258,11 +329,11 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
         static_cast<act_t*>(p.out)[b * p.out_batch_stride + h * p.out_head_stride + r] = from_float<act_t>(y);
       }
     }
-    base += Layout::kRowsPerIter;
+    base += Layout::kRowsPerIter, ++it;
   } while (base < row_end);
 }
 
-template <typename state_t, typename act_t, int kN, int kUnroll>
+template <typename state_t, typename act_t, int kN, int kUnroll, int kAhead = 0>
 void launch_mamba2_step(const Mamba2StepParams& p, cudaStream_t stream) {
   constexpr int kThreads = 128;
   using Layout = RowLayout<state_t, kN, kThreads, kUnroll>;
@@ -278,7 +349,8 @@ void launch_mamba2_step(const Mamba2StepParams& p, cudaStream_t stream) {
   const dim3 grid(chunks, p.nheads, p.batch);
   // (REPLAYSSM_TUNE step_split_loads=1: the PDL order without PDL, the A/B of the order alone)
   const bool pdl = pdl_requested(), split_loads = pdl || tune_knob("step_split_loads") > 0;
-  launch_maybe_pdl(mamba2_step_kernel<state_t, act_t, kN, kThreads, kUnroll>, grid, kThreads, 0, stream, pdl,
+  constexpr int kStageBytes = kAhead * kUnroll * Layout::kVecsPerLane * kThreads * 16;  // kAhead's stages
+  launch_maybe_pdl(mamba2_step_kernel<state_t, act_t, kN, kThreads, kUnroll, kAhead>, grid, kThreads, kStageBytes, stream, pdl,
                    "mamba2_step kernel launch", p, rows_per_block, split_loads);
 }
 
@@ -301,7 +373,26 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
       const int forced = tune_knob("step_unroll");
       const int64_t heads_total = int64_t(p.batch) * p.nheads;
       const bool two = heads_total >= int64_t(64) * num_sms() || heads_total <= int64_t(num_sms());
-      switch (forced > 0 ? forced : (two ? 2 : 4)) {
+      const int unroll = forced > 0 ? forced : (two ? 2 : 4);
+      // REPLAYSSM_TUNE step_ahead=1..3 (the benchmark's configuration: fp32 state, bf16 activations, dstate 128;
+      // unroll 2 or 4): the next 1-3 row iterations' state in flight while one computes (cp.async stages). Default
+      // since session 35: 3 (2 with unroll 4) past one block per SM, none at resident grids (H100, one run,
+      // bench/results/session35/mamba2_ms_call2_h100.json: 98.2 / 379.2 / 751.8 -> 96.4 / 373.1 / 739.7 us at batch
+      // 32 / 128 / 256; batch 1 5.8 -> 6.7-7.0, so not there). step_ahead=0: the unstaged kernel everywhere.
+      if constexpr (std::is_same_v<state_t, float> && std::is_same_v<act_t, __nv_bfloat16> && kN == 128) {
+        const int knob = tune_knob("step_ahead");
+        const int ahead = knob >= 0 ? knob : (heads_total <= int64_t(num_sms()) ? 0 : 3);
+        if (ahead >= 1 && ahead <= 3 && (unroll == 2 || unroll == 4)) {
+          if (unroll == 2) {
+            if (ahead == 1) return launch_mamba2_step<state_t, act_t, kN, 2, 1>(p, stream);
+            if (ahead == 2) return launch_mamba2_step<state_t, act_t, kN, 2, 2>(p, stream);
+            return launch_mamba2_step<state_t, act_t, kN, 2, 3>(p, stream);
+          }
+          if (ahead == 1) return launch_mamba2_step<state_t, act_t, kN, 4, 1>(p, stream);
+          return launch_mamba2_step<state_t, act_t, kN, 4, 2>(p, stream);  // (3 stages of 4 rows: 24 KB a block)
+        }
+      }
+      switch (unroll) {
         case 1: return launch_mamba2_step<state_t, act_t, kN, 1>(p, stream);
         case 2: return launch_mamba2_step<state_t, act_t, kN, 2>(p, stream);
         case 8: return launch_mamba2_step<state_t, act_t, kN, 8>(p, stream);
@@ -383,14 +474,6 @@ struct ReplaySmem {
   }
 };
 
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* smem_dst, const void* gmem_src) {  // (both 4-byte aligned)
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
-}
 // A replay step's cursor w of this slot, 0 <= w < ring_len, checked before the kernel depends on it (a message
 // naming the kernel, the slot and w, and a trap otherwise).
 __device__ __forceinline__ void check_replay_cursor(int w, int ring_len, int64_t slot, const char* kernel) {
@@ -411,9 +494,6 @@ __device__ __forceinline__ void load_ring_after_wait(bool ring_ahead, bool prefe
     load_ring(w);
   }
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
 
 // A streaming thread's row (replay step, verify): the row within the block's group of heads, the head within
 // the block, and p; advanced kStep rows at a time without divisions.
