@@ -142,7 +142,7 @@ STEP_TUNES = ["gdn_step_ahead=0", "gdn_step_ahead=1", "gdn_step_ahead=2", "gdn_s
 # pdl=1: programmatic dependent launch between the layers' launches (common/cuda_utils.cuh; as in bench_mamba2.py)
 # pdl=1,pdl_ring_ahead=0: with PDL, the replay's ring requested after the wait (the default requests it before).
 REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_replay_variant=1", "gdn_replay_variant=2", "gdn_replay_variant=0", "gdn_replay_prefetch=0",
-                "gdn_replay_prefetch=1", "gdn_replay_rows=32", "gdn_replay_rows=64", "gdn_replay_rows=128", "gdn_replay_rows=256", "gdn_replay_bps=8",
+                "gdn_replay_prefetch=1", "gdn_replay_rows=32", "gdn_replay_rows=64", "gdn_replay_rows=128", "gdn_replay_rows=256", "gdn_replay_bps=8", "gdn_replay_bps=12",
                 "gdn_replay_bps=16", "gdn_replay_bps=24",
                 "fold_pair=0", "fold_pair=1", "gdn_replay_split=0", "stream_lean=0", "stream_lean=1", "pdl=1",
                 "pdl=1,pdl_ring_ahead=0", "gdn_replay_small=0", "pdl=1,gdn_replay_small=0", "gdn_replay_small=1",
@@ -151,7 +151,7 @@ REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_replay_varian
 # =0 the general kernel there, =1 the small kernel at any batch)
 VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=64", "gdn_replay_split=0",
               "stream_lean=0", "gdn_replay_rows=512", "pdl=1", "pdl=1,pdl_ring_ahead=0",
-              "pdl=1,replay_fold_first=0", "replay_stage0_first=0"]
+              "pdl=1,replay_fold_first=0", "replay_stage0_first=0", "gdn_replay_bps=16"]
 
 
 def main():

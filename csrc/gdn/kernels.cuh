@@ -52,7 +52,8 @@
 //                      (4% faster at batch 256 and 32, level at 128, 3% slower at 1; 12 bytes spilled outside the
 //                      row loop); 0: 6 stages, 8 lanes, 3 blocks/SM (the layout of every other view configuration).
 //                      (Session 12 timed 6 stages at 4 blocks/SM: 3-4% slower at batch 32, level at 128 and 256; dropped.)
-//   gdn_replay_bps     blocks per SM the row split aims at (default 12: ~4 waves of 3 blocks per SM)
+//   gdn_replay_bps     blocks per SM the row split aims at (default 16 for a plain cache since session 35, 12 with a
+//                      view: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
 //   gdn_replay_split   0: the replay step's rows per block as the bps split gives them (default: rounded up to split a
 //                      key head's rows evenly)
@@ -1860,8 +1861,13 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   auto smem_for = [&](int r) {
     return GdnReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kK, c.ring_len, heads_for(r)).total;
   };
-  // ~4 waves of 3 blocks per SM by default (prologues overlap other blocks' streaming).
-  const int bps = tune_knob("gdn_replay_bps") > 0 ? tune_knob("gdn_replay_bps") : 12;
+  // ~4 waves of 3 blocks per SM by default (prologues overlap other blocks' streaming); a plain cache aims at 16 since
+  // session 35 (only batches up to ~64 change: at batch 32 blocks of 64 rows, not 128, 32.6 against 34.0 us, level at
+  // 128 / 256; H100, one run, bench/results/session35/gdn_new_call4_h100.json, the gdn_replay_bps=16 and
+  // gdn_replay_rows=64 entries, after replay_stage0_first: before it 64-row blocks were 4% slower). A view keeps 12:
+  // its 64-row blocks were 17% slower at batch 32 in the same run.
+  constexpr bool kPlain = std::is_same_v<src_t, ckpt_t>;
+  const int bps = tune_knob("gdn_replay_bps") > 0 ? tune_knob("gdn_replay_bps") : (kPlain ? 16 : 12);
   int rows_per_block = gdn_rows_per_block(tune_knob("gdn_replay_rows"), p, int64_t(num_sms()) * bps, Layout::kRowsPerIter,
                                           kMinBlocks, smem_for);
   // Blocks of equal rows: a key head's rows split evenly into whole row iterations, in as many blocks as the rule
