@@ -1863,9 +1863,10 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   };
   // ~4 waves of 3 blocks per SM by default (prologues overlap other blocks' streaming); a plain cache aims at 16 since
   // session 35 (only batches up to ~64 change: at batch 32 blocks of 64 rows, not 128, 32.6 against 34.0 us, level at
-  // 128 / 256; H100, one run, bench/results/session35/gdn_new_call4_h100.json, the gdn_replay_bps=16 and
-  // gdn_replay_rows=64 entries, after replay_stage0_first: before it 64-row blocks were 4% slower). A view keeps 12:
-  // its 64-row blocks were 17% slower at batch 32 in the same run.
+  // 128 / 256; H100, bench/results/session35/gdn_9f13e2a_call4_h100.json, the gdn_replay_bps=16 and gdn_replay_rows=64
+  // entries, after replay_stage0_first: before it 64-row blocks were 4% slower; as the default, 32.9 against
+  // gdn_replay_bps=12's 34.5 in gdn_b543e8d_call5_h100.json). A view keeps 12: its 64-row blocks were 17% slower at
+  // batch 32 in both runs.
   constexpr bool kPlain = std::is_same_v<src_t, ckpt_t>;
   const int bps = tune_knob("gdn_replay_bps") > 0 ? tune_knob("gdn_replay_bps") : (kPlain ? 16 : 12);
   int rows_per_block = gdn_rows_per_block(tune_knob("gdn_replay_rows"), p, int64_t(num_sms()) * bps, Layout::kRowsPerIter,
