@@ -99,7 +99,7 @@ def run_chain(monkeypatch, env, one_token, pools, inputs, outs, graph):
 def assert_chains_agree(chain, envs):
     """chain(env) -> (outputs, the pools' tensors as run_chain returns them) of one decoding run with the environment
     variables env: the run of envs[0] (finite outputs that do not collapse to 0) against that of each other env, bit
-    for bit, outputs and pools."""
+    for bit, outputs and pools. Returns envs[0]'s run (the others' are the same bits)."""
     want_out, want_state = chain(envs[0])
     assert torch.isfinite(want_out.float()).all() and (want_out[:, -1] != 0).float().mean() > 0.9  # (no collapse to 0)
     for env in envs[1:]:
@@ -110,3 +110,12 @@ def assert_chains_agree(chain, envs):
                 assert torch.equal(a, b), env
             else:
                 assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), env
+    return want_out, want_state
+
+
+def assert_only_batch_slots_moved(got, pool, ids):
+    """A state pool after a chain of standard steps on the slots `ids`, against the pool before: those slots' states
+    moved, every other slot is bit for bit as it was."""
+    assert not torch.equal(got, pool)  # (the states moved)
+    others = sorted(set(range(pool.shape[0])) - set(ids.cpu().tolist()))
+    assert torch.equal(got[others], pool[others])  # slots outside the batch untouched
