@@ -203,22 +203,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
       }
     }
   };
-  // kAhead: stage a of the ring holds iterations a, a + kAhead, ...; [stage][u][v][thread] 16-byte vectors.
   extern __shared__ uint4 step_stage[];
-  auto stage_vec = [&](int it, int u, int v) -> uint4& {
-    return step_stage[((it % (kAhead > 0 ? kAhead : 1) * kUnroll + u) * kVecs + v) * kThreads + threadIdx.x];
-  };
-  auto issue_stage = [&](int it) {  // iteration it's state rows into its stage (one commit group, empty past the end)
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int r = row_of(row_begin + it * Layout::kRowsPerIter, u);
-      if (r < row_end)
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v)
-          cp_async16(&stage_vec(it, u, v), S + int64_t(r) * p.state_row_stride + Layout::col(lane_in_row, v, 0));
-    }
-    cp_async_commit();
-  };
+  const StepStages<Layout, kThreads, kUnroll, kAhead> stages{step_stage};
+  auto issue_stage = [&](int it) { stages.issue(it, row_begin, row_end, S, p.state_row_stride, lane_in_row, row_of); };
   float vn[kUnroll];  // kAhead: the next iteration's v
   auto load_v = [&](int base, float (&dst)[kUnroll]) {
 #pragma unroll
@@ -252,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
         vr[u] = vn[u];
 #pragma unroll
         for (int v = 0; v < kVecs; ++v)
-          unpack16<state_t>(stage_vec(it, u, v), *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
+          unpack16<state_t>(stages.vec(it, u, v), *reinterpret_cast<float(*)[kVec]>(&s[u][v * kVec]));
       }
       issue_stage(it + kAhead);  // into the stage just read (this thread's own vectors)
       if (base + Layout::kRowsPerIter < row_end) load_v(base + Layout::kRowsPerIter, vn);

@@ -171,6 +171,32 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
 
+// The standard steps' state rows kAhead row iterations ahead (mamba2_step_kernel, gdn_step_kernel): cp.async into
+// kAhead shared-memory stages, stage a holding iterations a, a + kAhead, ...; [stage][u][v][thread] 16-byte vectors.
+// Each thread copies and later reads only its own vectors, so no barrier.
+template <typename Layout, int kThreads, int kUnroll, int kAhead>
+struct StepStages {
+  uint4* smem;  // the kernel's dynamic shared memory (kAhead * kUnroll * kVecsPerLane * kThreads vectors)
+  __device__ __forceinline__ uint4& vec(int it, int u, int v) const {
+    return smem[((it % (kAhead > 0 ? kAhead : 1) * kUnroll + u) * Layout::kVecsPerLane + v) * kThreads + threadIdx.x];
+  }
+  // Iteration it's rows (row_of(its first row, u) for each u, those below row_end) of S into its stage: one commit
+  // group, empty past the end.
+  template <typename state_t, typename RowOf>
+  __device__ __forceinline__ void issue(int it, int row_begin, int row_end, const state_t* S, int64_t row_stride, int lane_in_row,
+                                        const RowOf& row_of) const {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = row_of(row_begin + it * Layout::kRowsPerIter, u);
+      if (r < row_end)
+#pragma unroll
+        for (int v = 0; v < Layout::kVecsPerLane; ++v)
+          cp_async16(&vec(it, u, v), S + int64_t(r) * row_stride + Layout::col(lane_in_row, v, 0));
+    }
+    cp_async_commit();
+  }
+};
+
 // ---------------------------------------------------------------------------------------------------
 // Standard step: S <- exp(dt A) S + dt x (x) B ; y = S C + D x (* silu z). Reads and writes |S| per step.
 // Grid (row chunks of P, H, batch); a block streams rows_per_block rows of one head.
@@ -219,22 +245,9 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
       }
     }
   };
-  // kAhead: stage a holds iterations a, a + kAhead, ...; [stage][u][v][thread] 16-byte vectors.
   extern __shared__ uint4 m2_step_stage[];
-  auto stage_vec = [&](int it, int u, int v) -> uint4& {
-    return m2_step_stage[((it % (kAhead > 0 ? kAhead : 1) * kUnroll + u) * Layout::kVecsPerLane + v) * kThreads + threadIdx.x];
-  };
-  auto issue_stage = [&](int it) {  // iteration it's state rows into its stage (one commit group, empty past the end)
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int r = row_of(row_begin + it * Layout::kRowsPerIter, u);
-      if (r < row_end)
-#pragma unroll
-        for (int v = 0; v < Layout::kVecsPerLane; ++v)
-          cp_async16(&stage_vec(it, u, v), S + r * p.state_row_stride + Layout::col(lane_in_row, v, 0));
-    }
-    cp_async_commit();
-  };
+  const StepStages<Layout, kThreads, kUnroll, kAhead> stages{m2_step_stage};
+  auto issue_stage = [&](int it) { stages.issue(it, row_begin, row_end, S, p.state_row_stride, lane_in_row, row_of); };
   float xn[kUnroll] = {}, zn[kUnroll] = {};  // kAhead: the next iteration's x and z (masked rows: 0)
   auto load_inputs = [&](int base) {
 #pragma unroll
@@ -298,7 +311,7 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
         xv[u] = xn[u], zv[u] = zn[u];
 #pragma unroll
         for (int v = 0; v < Layout::kVecsPerLane; ++v)
-          unpack16<state_t>(stage_vec(it, u, v), *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
+          unpack16<state_t>(stages.vec(it, u, v), *reinterpret_cast<float(*)[Layout::kVec]>(&s[u][v * Layout::kVec]));
       }
       // Into the stage just read: this thread's own vectors, whose shared loads precede the copy in program order
       // (PTX: cp.async is ordered after the thread's prior instructions; the asm's memory clobber keeps them first).
