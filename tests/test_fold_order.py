@@ -81,7 +81,11 @@ def test_cuda_fold_first_order_changes_no_bit(monkeypatch, model, batch, view):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("N, rows, tune", [(16, 320, ""), (128, 160, ""), (256, 80, ""),
                                            (128, 160, ",view_bps=4"), (128, 96, ",view_bps=4"),
-                                           (128, 160, ",view_bps=3"), (128, 96, ",view_bps=3")])
+                                           (128, 160, ",view_bps=3"), (128, 96, ",view_bps=3"),
+                                           (128, 160, ",m2_replay_stage0_first=0"),  # the prologue waits for every first stage
+                                           (128, 96, ",view_bps=3,m2_replay_stage0_first=0"),
+                                           (128, 160, ",view_bps=3,m2_replay_stage0_first=0")])  # (6 stages: a master
+    # stage deferred; with 4 the master path has 2 and defers none)
 def test_cuda_view_fold_paths_change_no_bit(monkeypatch, N, rows, tune):
     """(view_bps=4: 4 blocks per SM, C_t from shared memory, 4 stages: 2 of the staged master, the default at this
     ring; view_bps=3: 3 blocks per SM, 6 stages.)"""
@@ -136,6 +140,7 @@ def _check_paths(monkeypatch, gen, batch, made, lean_fold, extra=""):
 # 16-bit activations: with fp32 ones the launcher takes the kernel without them.)
 _PAIR_CASES = [("mamba2", 32, 128, torch.bfloat16, ""), ("mamba2", 160, 128, torch.bfloat16, ""),
                ("mamba2", 192, 128, torch.bfloat16, ""), ("mamba2", 160, 128, torch.bfloat16, ",stream_lean=0"),
+               ("mamba2", 160, 128, torch.bfloat16, ",m2_replay_stage0_first=0"),
                ("mamba2", 160, 16, torch.float16, ""), ("mamba2", 96, 32, torch.float32, ""),
                ("mamba2", 160, 64, torch.bfloat16, ""), ("mamba2", 80, 256, torch.float16, ""),
                ("gdn", 16, 128, torch.bfloat16, ""), ("gdn", 48, 128, torch.bfloat16, ""), ("gdn", 96, 128, torch.bfloat16, ""),

@@ -176,7 +176,9 @@ def test_cuda_staged_step_gives_the_same_bits(monkeypatch, case, graph):
                                   "replay_rows=160", "fold_pair=1", "fold_pair=1,replay_rows=160",
                                   "fold_pair=1,stream_lean=0", "replay_sm_rows=0", "step_ahead=3",
                                   "step_ahead=2,step_unroll=4", "step_ahead=1,step_bps=1",
-                                  "step_ahead=0,step_unroll=2"])
+                                  "step_ahead=0,step_unroll=2", "m2_replay_stage0_first=0",
+                                  "m2_replay_stage0_first=0,replay_rows=160", "m2_replay_stage0_first=0,fold_pair=1,replay_rows=96",
+                                  "m2_replay_stage0_first=0,stream_lean=0"])
 def test_cuda_replay_launch_configurations(monkeypatch, tune):
     """The replay kernel's launch configurations: many blocks per slot (each counting in on the arrival counter),
     blocks that straddle heads (96 rows, P = 64), an odd number of row iterations per block (160 rows: 5; the folds
@@ -580,7 +582,9 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
     benchmark's pdl=1 timings show it.)"""
     seed = torch.randint(0, 2**31 - 1, ()).item()
     pdl = {"REPLAYSSM_PDL": "1"}
-    extra = ([dict(pdl, REPLAYSSM_TUNE=t) for t in ("replay_fold_first=1", "pdl_ring_ahead=0", "replay_prefetch=0")] if kind != "step"
+    extra = ([dict(pdl, REPLAYSSM_TUNE=t) for t in ("replay_fold_first=1", "pdl_ring_ahead=0", "replay_prefetch=0",
+                                                    "m2_replay_stage0_first=0", "m2_replay_stage0_first=0,pdl_ring_ahead=0")]
+             if kind != "step"
              else [{"REPLAYSSM_TUNE": "step_split_loads=1"}, dict(pdl, REPLAYSSM_TUNE="step_ahead=3"),
                    dict(pdl, REPLAYSSM_TUNE="step_ahead=2,step_unroll=2"),
                    dict(pdl, REPLAYSSM_TUNE="step_ahead=0")])  # (the staged step under PDL)

@@ -144,7 +144,8 @@ def test_verify_with_the_numerical_split():
 @pytest.mark.parametrize("mode", ["view", "stochastic"])
 @pytest.mark.parametrize("tune", ["", "replay_prefetch=0,replay_rows=48", "stream_lean=0", "stream_lean=0,replay_rows=48",
                                   "view_bps=4", "view_bps=4,replay_rows=48", "view_bps=4,stream_lean=0",
-                                  "view_bps=3", "view_bps=3,replay_rows=48"],
+                                  "view_bps=3", "view_bps=3,replay_rows=48", "m2_replay_stage0_first=0",
+                                  "m2_replay_stage0_first=0,view_bps=3,replay_rows=48"],
                          ids=lambda t: t or "default")
 def test_cuda_numerical_split_matches_cpu(monkeypatch, tune, mode, N, act_dtype):
     """The CUDA replay step with a bf16 view (fp32 master) or with stochastic rounding at folds (bf16 checkpoint)

@@ -13,8 +13,11 @@
 //   step_bps         blocks per SM mamba2_step's row split aims at (default 8)
 //   step_ahead       1-3: mamba2_step with the next 1-3 row iterations' state in flight (cp.async stages; fp32 state,
 //                    bf16 activations, dstate 128, unroll 2 or 4: with 4 (the default below 64 heads an SM, e.g.
-//                    batch 32) 3 runs as 2; ignored with step_unroll 1 or 8); unset: 3 past one block per SM, 0 at
-//                    resident grids (batch 1; since session 35); 0: off (the kernel before)
+//                    batch 32) 3 runs as 2; ignored with step_unroll 1 or 8); unset: 3 past 8 heads an SM (batch 16
+//                    and up on the benchmark shape; since session 36), else 0; 0: off (the kernel before)
+//   m2_replay_stage0_first 1 or unset (since session 36): the replay step's prologue waits for its first row
+//                    iteration and the ring only (the later first stages issued after the ring's group); 0: for every
+//                    copy it issued (the kernel before). Set either way it forces the general kernel (not the small one)
 //   replay_rows      rows of a group per replay-step block (forced; replay_step.cuh)
 //   replay_prefetch  1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
 //   stream_lean      0: 64-bit row and output addresses in the replay step and verify (default: 32-bit offsets)
@@ -389,12 +392,14 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
       const int unroll = forced > 0 ? forced : (two ? 2 : 4);
       // REPLAYSSM_TUNE step_ahead=1..3 (the benchmark's configuration: fp32 state, bf16 activations, dstate 128;
       // unroll 2 or 4): the next 1-3 row iterations' state in flight while one computes (cp.async stages). Default
-      // since session 35: 3 (2 with unroll 4) past one block per SM, none at resident grids (H100, one run,
+      // since session 35: 3 (2 with unroll 4) past 8 heads per SM (session 36), none below (H100, one run,
       // bench/results/session35/mamba2_ms_call2_h100.json: 98.2 / 379.2 / 751.8 -> 96.4 / 373.1 / 739.7 us at batch
       // 32 / 128 / 256; batch 1 5.8 -> 6.7-7.0, so not there). step_ahead=0: the unstaged kernel everywhere.
       if constexpr (std::is_same_v<state_t, float> && std::is_same_v<act_t, __nv_bfloat16> && kN == 128) {
         const int knob = tune_knob("step_ahead");
-        const int ahead = knob >= 0 ? knob : (heads_total <= int64_t(num_sms()) ? 0 : 3);
+        // (Session 36, H100, same run: unstaged faster at batch 2 (8.45 against 9.69 us) and 8 (26.8 against 28.6), so
+        // staged only past 8 heads an SM: batch 16 and up here.)
+        const int ahead = knob >= 0 ? knob : (heads_total <= int64_t(8) * num_sms() ? 0 : 3);
         if (ahead >= 1 && ahead <= 3 && (unroll == 2 || unroll == 4)) {
           if (unroll == 2) {
             if (ahead == 1) return launch_mamba2_step<state_t, act_t, kN, 2, 1>(p, stream);

@@ -76,6 +76,9 @@ struct Mamba2ReplayStepParams : Mamba2TokenParams {
   // On CUDA: batch ints of device memory for the fold-first row order (common/fold_order.cuh); the launcher passes
   // the kernel the order it filled there, or null (the grid's order).
   int* row_order = nullptr;
+  // 1 = only the first row iteration's copies ahead of the ring's (REPLAYSSM_TUNE m2_replay_stage0_first; the
+  // launcher sets it: 1 unless the knob says 0).
+  int stage0_first = 0;
 };
 
 // Speculative verification of up to `ntokens` tentative tokens per row (MATH.md, "Verifying T tokens at

@@ -244,7 +244,8 @@ bool launch_mamba2_replay_step_small(const Mamba2ReplayStepParams& p, cudaStream
     const int knob = tune_knob("replay_small");
     if (knob == 0) return false;
     // A forced v10 configuration means v10 (its launch-configuration tests and tune entries).
-    for (const char* key : {"replay_rows", "replay_prefetch", "replay_sm_rows", "fold_pair", "stream_lean"})
+    for (const char* key : {"replay_rows", "replay_prefetch", "replay_sm_rows", "fold_pair", "stream_lean",
+                            "m2_replay_stage0_first"})
       if (tune_knob(key) >= 0) return false;
     const Mamba2ReplayCacheParams& c = p.cache;
     constexpr int kV = K::kChunk;

@@ -147,13 +147,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(p.headdim);
   };
-  if (marked) {
+  // stage0_first (the default; REPLAYSSM_TUNE m2_replay_stage0_first=0: off): only iteration 0 now, iterations 1.. after the ring's
+  // group (below), so that the prologue waits for iteration 0 and the ring alone (a thread's groups complete in order;
+  // the row loops' waits count as before, the ring's group being older than iteration 1's).
+  const bool stage0_first = p.stage0_first != 0;
+  auto issue_first = [&](int from, int to) {  // the first stages from..to-1 of the loop this block runs
+    if (marked) {
 #pragma unroll
-    for (int it = 0; it < kMasterStages - 1; ++it) issue_master(it, it);
-  } else {
+      for (int it = 0; it < kMasterStages - 1; ++it)
+        if (it >= from && it < to) issue_master(it, it);
+    } else {
 #pragma unroll
-    for (int it = 0; it < kStages - 1; ++it) issue(it, it);
-  }
+      for (int it = 0; it < kStages - 1; ++it)
+        if (it >= from && it < to) issue(it, it);
+    }
+  };
+  issue_first(0, stage0_first ? 1 : kStages);
 
   // ---- Prologue: this token's inputs and the ring into shared memory (one cp.async group).
   const act_t* ring_x =
@@ -230,6 +239,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   check_replay_cursor(w, L, slot, "mamba2_replay_step");
   cp_async_commit();
+  if (stage0_first) issue_first(1, kStages);
   // The fold count (stochastic rounding's Philox counter): read, and waited for, before the block counts in,
   // since the slot's last block increments it.
   uint32_t fold_no = 0;
@@ -237,7 +247,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     fold_no = uint32_t(c.fold_count[slot]);
     if (fold_no == 0xffffffffu) __trap();  // (consumes the load before the barrier; 2^32 folds do not happen)
   }
-  cp_async_wait<0>();
+  // The ring's group and every group before it (stage0_first: the later first stages may stay in flight).
+  if (!stage0_first) cp_async_wait<0>();
+  else if (marked) cp_async_wait<(kMasterStages > 2 ? kMasterStages - 2 : 0)>();
+  else cp_async_wait<(kStages > 2 ? kStages - 2 : 0)>();
   __syncthreads();  // tiles written; every thread of the block has read the cursor
 
   // Count this block in: all its threads have read the cursor, so the slot's last block to arrive may advance
@@ -699,6 +712,10 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   const bool offsets_fit = int64_t(p.nheads / p.ngroups) * head_stride + int64_t(p.headdim) * row_stride < (int64_t(1) << 31) &&
                            int64_t(p.nheads) * p.out_head_stride < (int64_t(1) << 31);
   Mamba2ReplayStepParams q = p;
+  // Default on since session 36 (H100, one run, bench/results/session36/: plain 24.1 / 58.4 / 206.6 / 401.3 ->
+  // 20.4 / 56.9 / 205.5 / 400.2 us at batch 8 / 32 / 128 / 256, the view 22.5 / 45.2 / 133.3 / 258.0 -> 20.7 / 43.7 /
+  // 131.9 / 257.1; batch 2 level within its spread).
+  q.stage0_first = tune_knob("m2_replay_stage0_first") == 0 ? 0 : 1;
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
                                  int64_t(num_sms()) * kMinBlocks, view, stream);
   // kWide (the kernel, above): a view's folding rows marked by the order read the master alone, staged
