@@ -77,9 +77,9 @@ STEP_TUNES = ["step_ahead=0", "step_ahead=1", "step_ahead=2", "step_ahead=3", "s
 # (step_unroll=1,step_bps=16: at batch 1, 2048 blocks of 4 rows, mamba_ssm's Triton grid for N = 128)
 # (replay_rows=64 and replay_prefetch=1: for batch 1, where the default's 32-row blocks (one row iteration per
 # block, 256 blocks, the ring prefetched) leave the replay slower than the step, and for 32 (~4 waves, no prefetch).)
-# replay_small=0: the general kernel (v10) where the default takes the small one (grids of at most a block per SM:
-# batch 1 here; csrc/mamba2/replay_small.cuh); the v10 knobs above (replay_rows, replay_prefetch, ...) force v10 too.
-# replay_small=1: the small kernel wherever the shape allows (batches 2-8: whether its gate should widen).
+# replay_small=0: the general kernel (v10) where the default takes the small one (grids of at most four blocks per
+# SM: batches 1-4 here; csrc/mamba2/replay_small.cuh); the v10 knobs above (replay_rows, replay_prefetch, ...) force v10 too.
+# replay_small=1: the small kernel wherever the shape allows (batch 8 and up: whether its gate should widen).
 # small_arrive: where the small kernel's blocks announce that they have read the cursor (0, the default: after the barrier).
 # replay_fold_first=-1 is the default configuration (tune_knob reads -1 as unset) timed as a separate graph: at batch
 # 256 the default entry and identical tune entries differed by 4-11% in session 10 (bench/NOTES.md).

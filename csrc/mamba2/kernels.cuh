@@ -31,9 +31,9 @@
 //   view_bps         a bf16 view's replay step (bf16 activations, N = 128): 4 or 3 blocks per SM (default 4 for rings
 //                    up to 16, the length measured; 3 past it; kernels.cuh below)
 //   verify_rows      rows of a group per verify block (forced; verify.cuh)
-//   replay_small     0: never the small replay-step kernel (replay_small.cuh; default: grids of at most a block
-//                    per SM, fp32 checkpoint, no view, and no replay_rows / replay_prefetch / replay_sm_rows /
-//                    fold_pair / stream_lean forced), 1: whenever the shape allows, at any batch
+//   replay_small     0: never the small replay-step kernel (replay_small.cuh; default: grids of at most four
+//                    blocks per SM, fp32 checkpoint, no view, and no replay_rows / replay_prefetch / replay_sm_rows /
+//                    fold_pair / stream_lean / m2_replay_stage0_first forced), 1: whenever the shape allows, at any batch
 //   small_arrive     where the small replay kernel's block announces it has read the cursor: 0 (default) after
 //                    the block's barrier, 1 once warp 0 has it, 2 after warp 0's dots (replay_small.cuh)
 #pragma once
@@ -578,7 +578,7 @@ __device__ __forceinline__ void copy_head_rows(T* dst, int dst_stride, const T* 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 #include "replay_step.cuh"  // the replay-step kernel
-#include "replay_small.cuh"  // and its small form for grids of at most a block per SM
+#include "replay_small.cuh"  // and its small form for grids of at most four blocks per SM
 
 // The replay step with the bf16 output view of an fp32 checkpoint: defined in replay_view_f32.cu (its own translation
 // unit, so that the build's longest one stays short).
