@@ -147,7 +147,7 @@ REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_replay_varian
                 "fold_pair=0", "fold_pair=1", "gdn_replay_split=0", "stream_lean=0", "stream_lean=1", "pdl=1",
                 "pdl=1,pdl_ring_ahead=0", "gdn_replay_small=0", "pdl=1,gdn_replay_small=0", "gdn_replay_small=1",
                 "replay_stage0_first=0"]
-# (gdn_replay_small: the small kernel, csrc/gdn/replay_small.cuh, the default for grids of at most a block per SM;
+# (gdn_replay_small: the small kernel, csrc/gdn/replay_small.cuh, the default for grids of at most eight blocks per SM;
 # =0 the general kernel there, =1 the small kernel at any batch)
 VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=64", "gdn_replay_split=0",
               "stream_lean=0", "gdn_replay_rows=512", "pdl=1", "pdl=1,pdl_ring_ahead=0",
