@@ -61,6 +61,13 @@ def clone_cache(cache):
     return dataclasses.replace(cache, **{k: v.clone() for k, v in vars(cache).items() if isinstance(v, torch.Tensor)})
 
 
+def token_inputs(layer, batch, act_dtype, gen, tokens, keys):
+    """`tokens` tokens of layer.token's random inputs, each input in `keys` stacked over a leading token axis (run_chain's
+    inputs)."""
+    toks = [layer.token(batch, act_dtype, gen) for _ in range(tokens)]
+    return [torch.stack([tk[k] for tk in toks]) for k in keys]
+
+
 def run_chain(monkeypatch, env, one_token, pools, inputs, outs, graph):
     """Decodes outs.shape[0] tokens with one_token(pools, *inputs_t, out_t) (inputs: tensors with a leading token axis;
     pools: state tensors or caches, which it updates), with the environment variables `env` set. With `graph`, one

@@ -11,7 +11,7 @@ from replayssm import PAD_SLOT, GdnReplayCache
 from replayssm import reference as R
 
 from helpers import (DTYPES, UNIT_ROUNDOFF, assert_chains_agree, assert_only_batch_slots_moved,
-                     clone_cache, rel_err, run_chain, tolerance)
+                     clone_cache, rel_err, run_chain, token_inputs, tolerance)
 
 
 def make_gen():
@@ -174,8 +174,7 @@ def test_cuda_staged_step_gives_the_same_bits(monkeypatch, rows, graph):
     layer = GdnLayer(HV, H, K, V, "cuda", gen)
     ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32).cuda()
     pool = (torch.randn(num_slots, HV, V, K, generator=gen) * 0.1).cuda()
-    toks = [layer.token(batch, torch.bfloat16, gen) for _ in range(tokens)]
-    inputs = [torch.stack([tk[k] for tk in toks]) for k in ("q", "k", "v", "a", "b")]
+    inputs = token_inputs(layer, batch, torch.bfloat16, gen, tokens, ("q", "k", "v", "a", "b"))
     outs = torch.zeros((tokens, batch, HV, V), dtype=torch.bfloat16, device="cuda")
 
     def one_token(pools, q, k, v, a, b, out):
@@ -655,8 +654,7 @@ def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph):
     cache.ring_g.copy_(-torch.rand(cache.ring_g.shape, generator=gen) * 0.1)
     cache.cursor.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))
     tokens = 2 * L + 3
-    toks = [layer.token(batch, act, gen) for _ in range(tokens)]
-    inputs = [torch.stack([tk[k] for tk in toks]) for k in ("q", "k", "v", "a", "b")]
+    inputs = token_inputs(layer, batch, act, gen, tokens, ("q", "k", "v", "a", "b"))
     outs = torch.full((tokens, batch, HV, V), float("nan"), dtype=act, device=dev)
 
     def one_token(pools, q, k, v, a, b, out):

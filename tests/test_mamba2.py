@@ -13,7 +13,7 @@ from replayssm import reference as R
 
 from conftest import HAS_CUDA
 from helpers import (DTYPES, UNIT_ROUNDOFF, Layer, assert_chains_agree, assert_only_batch_slots_moved,
-                     clone_cache, rel_err, run_chain, tolerance)
+                     clone_cache, rel_err, run_chain, token_inputs, tolerance)
 
 
 def assert_same_cache(a, b):
@@ -149,8 +149,7 @@ def test_cuda_staged_step_gives_the_same_bits(monkeypatch, case, graph):
     layer = Layer(H, P, G, N, "cuda", gen)
     ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32).cuda()
     pool = (torch.randn(num_slots, H, P, N, generator=gen) * 0.1).cuda()
-    toks = [layer.token(batch, torch.bfloat16, gen) for _ in range(tokens)]
-    inputs = [torch.stack([tk[k] for tk in toks]) for k in ("x", "dt", "B", "C", "z")]
+    inputs = token_inputs(layer, batch, torch.bfloat16, gen, tokens, ("x", "dt", "B", "C", "z"))
     outs = torch.zeros((tokens, batch, H, P), dtype=torch.bfloat16, device="cuda")
 
     def one_token(pools, x, dt, B, C, z, out):
@@ -626,8 +625,7 @@ def test_cuda_small_replay_gives_v10_bits(monkeypatch, case, graph, arrive):
     cache.ring_dt.copy_(torch.rand(cache.ring_dt.shape, generator=gen) * 0.1)
     cache.cursor.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))
     tokens = 2 * L + 3
-    toks = [layer.token(batch, act, gen) for _ in range(tokens)]
-    inputs = [torch.stack([tk[k] for tk in toks]) for k in ("x", "dt", "B", "C", "z")]
+    inputs = token_inputs(layer, batch, act, gen, tokens, ("x", "dt", "B", "C", "z"))
     outs = torch.full((tokens, batch, H, P), float("nan"), dtype=act, device=dev)
 
     def one_token(pools, x, dt, B, C, z, out):

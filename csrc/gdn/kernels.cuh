@@ -70,8 +70,8 @@
 //   gdn_verify_4bps    0: the tensor-core loop at three blocks an SM with three 32-column stages (default: four blocks
 //                      an SM, two stages, where they keep the rows three get; session 31; 16-column stages lost in
 //                      session 32, bench/patches/gdn-verify-16col.patch)
-//   gdn_replay_small   the replay step's small kernel (replay_small.cuh): 2 (default) for grids of at most eight blocks per
-//                      SM, 1 whenever the shape allows, 0 never
+//   gdn_replay_small   the replay step's small kernel (replay_small.cuh): 2 (default) for grids of at most eight
+//                      blocks per SM, 1 whenever the shape allows, 0 never
 #pragma once
 
 #include <algorithm>
@@ -1832,7 +1832,8 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
   });
 }
 
-#include "replay_small.cuh"  // the replay step's small form for grids of at most eight blocks per SM (REPLAYSSM_TUNE gdn_replay_small)
+// The replay step's small form for grids of at most eight blocks per SM (REPLAYSSM_TUNE gdn_replay_small).
+#include "replay_small.cuh"
 
 // Default configuration (kStages 3, ReplayLanes (4 lanes of 32 columns for K = 128 fp32), 3 blocks per SM): two
 // stages in flight while a third is read, 128 bytes of a row per thread per stage: ~96 KiB of checkpoint reads

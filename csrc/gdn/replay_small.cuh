@@ -21,7 +21,8 @@
 // It serves an fp32 checkpoint without an output view or stochastic rounding, bf16 activations (the general kernel's
 // 8-lane layout is its default there only), K = 128, V a multiple of 32, ring_len <= 32, 16-byte aligned checkpoint
 // and rings, 8-byte aligned q and k, and no forced general-kernel knob. REPLAYSSM_TUNE gdn_replay_small: 2 (the
-// default) where the grid has at most eight blocks per SM (one until session 36); 1 whenever the shape allows, at any batch (tests); 0 never.
+// default) where the grid has at most eight blocks per SM (one until session 36); 1 whenever the shape allows, at any
+// batch (tests); 0 never.
 
 template <typename act_t>
 struct GdnSmallReplay {

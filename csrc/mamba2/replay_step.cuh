@@ -147,9 +147,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(p.headdim);
   };
-  // stage0_first (the default; REPLAYSSM_TUNE m2_replay_stage0_first=0: off): only iteration 0 now, iterations 1.. after the ring's
-  // group (below), so that the prologue waits for iteration 0 and the ring alone (a thread's groups complete in order;
-  // the row loops' waits count as before, the ring's group being older than iteration 1's).
+  // stage0_first (the default; REPLAYSSM_TUNE m2_replay_stage0_first=0: off): only iteration 0 now, iterations 1..
+  // after the ring's group (below), so that the prologue waits for iteration 0 and the ring alone (a thread's groups
+  // complete in order; the row loops' waits count as before, the ring's group being older than iteration 1's).
   const bool stage0_first = p.stage0_first != 0;
   auto issue_first = [&](int from, int to) {  // the first stages from..to-1 of the loop this block runs
     if (marked) {
