@@ -632,7 +632,7 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
 ], ids=lambda c: "HV{HV}H{H}V{V}L{L}".format(**c))
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph):
-    """The small GDN replay-step kernel (csrc/gdn/replay_small.cuh: grids of at most eight blocks per SM, e.g. batches 1-8)
+    """The small GDN replay-step kernel (csrc/gdn/replay_small.cuh: grids of at most two blocks per SM, e.g. batches 1-2)
     computes every output, checkpoint row, ring entry and cursor with the same fp32 operations in the same order as
     the general kernel's default layout for an fp32 checkpoint and bf16 activations (8 lanes a row): over 2L + 3
     tokens from random cursors and ring contents (folds at every position of the cycle), with a pad row, slots out of

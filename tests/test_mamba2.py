@@ -604,7 +604,7 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("arrive", ["", ",small_arrive=1", ",small_arrive=2"], ids=["arrive-default", "arrive1", "arrive2"])
 def test_cuda_small_replay_gives_v10_bits(monkeypatch, case, graph, arrive):
-    """The small replay-step kernel (csrc/mamba2/replay_small.cuh: grids of at most four blocks per SM, e.g. batches 1-4)
+    """The small replay-step kernel (csrc/mamba2/replay_small.cuh: grids of at most two blocks per SM, e.g. batches 1-2)
     computes every output, checkpoint row, ring entry and cursor with the same fp32 operations in the same order as
     the general kernel (v10): over 2L + 3 tokens from random cursors (folds at every position of the cycle), with pad
     rows, slots out of order and rings up to its limit of 32, both kernels give the same bits, eager and in a CUDA

@@ -55,6 +55,8 @@
 //   gdn_replay_bps     blocks per SM the row split aims at (default 16 for a plain cache since session 35, 12 with a
 //                      view: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
+//   gdn_replay_min_rows a plain cache's fewest rows per block where the bps split gives fewer (default 64; 0: none,
+//                      the split's rows as before session 37)
 //   gdn_replay_split   0: the replay step's rows per block as the bps split gives them (default: rounded up to split a
 //                      key head's rows evenly)
 //   replay_fold_first  0 / 1: as for the Mamba-2 replay step (mamba2/kernels.cuh; common/fold_order.cuh)
@@ -70,7 +72,7 @@
 //   gdn_verify_4bps    0: the tensor-core loop at three blocks an SM with three 32-column stages (default: four blocks
 //                      an SM, two stages, where they keep the rows three get; session 31; 16-column stages lost in
 //                      session 32, bench/patches/gdn-verify-16col.patch)
-//   gdn_replay_small   the replay step's small kernel (replay_small.cuh): 2 (default) for grids of at most eight
+//   gdn_replay_small   the replay step's small kernel (replay_small.cuh): 2 (default) for grids of at most two
 //                      blocks per SM, 1 whenever the shape allows, 0 never
 #pragma once
 
@@ -1859,6 +1861,19 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   const int bps = tune_knob("gdn_replay_bps") > 0 ? tune_knob("gdn_replay_bps") : (kPlain ? 16 : 12);
   int rows_per_block = gdn_rows_per_block(tune_knob("gdn_replay_rows"), p, int64_t(num_sms()) * bps, Layout::kRowsPerIter,
                                           kMinBlocks, smem_for);
+  // A plain cache's blocks hold at least 64 rows (four iterations of the default layout), while kMinBlocks of them fit
+  // an SM: below that every block repeats the prologue (slot, ring, scalars) for one or two row iterations. The split
+  // gives 16 / 32 rows at batch 4-8 / 16 here; H100, one run each in sessions 36 and 37, us (bench/results/session37/):
+  // 64-row blocks 8.68 / 12.35 / 21.28 at batch 4 / 8 / 16 against the split's 15.3 / 21.7 / 24.2 (and the small
+  // kernel's 10.4 / 17.4 at 4 / 8); 128 rows 10.2 / 13.8 / 21.3. Batch 32 and up: the split gives 64 or more already.
+  // REPLAYSSM_TUNE gdn_replay_min_rows=N: N rows instead (0: none).
+  if (kPlain && tune_knob("gdn_replay_rows") <= 0) {
+    const int knob = tune_knob("gdn_replay_min_rows");
+    const int min_rows = (knob >= 0 ? knob : 64) / Layout::kRowsPerIter * Layout::kRowsPerIter;
+    const int r = std::min(min_rows, group_rows);
+    if (r > rows_per_block && smem_for(r) <= smem_per_sm() / kMinBlocks - 1024 && smem_for(r) <= max_smem_per_block())
+      rows_per_block = r;
+  }
   // Blocks of equal rows: a key head's rows split evenly into whole row iterations, in as many blocks as the rule
   // above gives or the fewest fewer, while kMinBlocks blocks still fit an SM (REPLAYSSM_TUNE gdn_replay_split=0: the
   // rows as computed; it applies under forced gdn_replay_bps too).

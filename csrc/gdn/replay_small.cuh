@@ -21,7 +21,7 @@
 // It serves an fp32 checkpoint without an output view or stochastic rounding, bf16 activations (the general kernel's
 // 8-lane layout is its default there only), K = 128, V a multiple of 32, ring_len <= 32, 16-byte aligned checkpoint
 // and rings, 8-byte aligned q and k, and no forced general-kernel knob. REPLAYSSM_TUNE gdn_replay_small: 2 (the
-// default) where the grid has at most eight blocks per SM (one until session 36); 1 whenever the shape allows, at any
+// default) where the grid has at most two blocks per SM (one until session 36, eight in session 36); 1 whenever the shape allows, at any
 // batch (tests); 0 never.
 
 template <typename act_t>
@@ -246,9 +246,10 @@ bool launch_gdn_replay_step_small(const GdnReplayParams& p, cudaStream_t stream)
                        c.ring_k_slot_stride % 4 == 0 && c.ring_k_pos_stride % 4 == 0 && c.ring_k_head_stride % 4 == 0 &&
                        reinterpret_cast<uintptr_t>(p.q) % 8 == 0 && p.q_batch_stride % 4 == 0 && p.q_head_stride % 4 == 0 &&
                        reinterpret_cast<uintptr_t>(p.k) % 8 == 0 && p.k_batch_stride % 4 == 0 && p.k_head_stride % 4 == 0;
-  // At most eight blocks an SM (session 36, H100, one run, bench/results/session36/: against the general kernel 6.13 /
-  // 10.31 / 17.34 us for 7.47 / 15.16 / 21.54 at batch 2 / 4 / 8; it was one block an SM before).
-  const bool resident = int64_t(p.batch) * p.nheads * (p.vdim / K::kRows) <= int64_t(8) * num_sms();
+  // At most two blocks an SM: batches 1-2 here (session 37, H100, bench/results/session37/: the general kernel with its
+  // blocks of at least 64 rows took batch 4 / 8 in 8.7 / 12.4 us against this kernel's 10.4 / 17.4, batch 2 in 6.9-7.2
+  // against 6.2; eight blocks an SM in session 36, against the general kernel's 16-row blocks; one before).
+  const bool resident = int64_t(p.batch) * p.nheads * (p.vdim / K::kRows) <= int64_t(2) * num_sms();
   if (!shape_ok || !aligned || (knob != 1 && !resident)) return false;
   const bool pdl = pdl_requested();
   launch_maybe_pdl(gdn_replay_step_small_kernel<act_t>, dim3(p.vdim / K::kRows, p.nheads, p.batch), K::kThreads, 0, stream, pdl,

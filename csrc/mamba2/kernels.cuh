@@ -19,6 +19,8 @@
 //                    iteration and the ring only (the later first stages issued after the ring's group); 0: for every
 //                    copy it issued (the kernel before). Set either way it forces the general kernel (not the small one)
 //   replay_rows      rows of a group per replay-step block (forced; replay_step.cuh)
+//   replay_min_rows  0: an fp32 checkpoint's replay-step blocks as the rows rule gives them (default: 128 rows where the
+//                    rule gives fewer than 256 and the grid is past one resident wave; replay_step.cuh)
 //   replay_prefetch  1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
 //   stream_lean      0: 64-bit row and output addresses in the replay step and verify (default: 32-bit offsets)
 //   replay_fold_first 0: the replay steps (Mamba-2 and GDN) take the grid's row order; 1: folding rows first (the
@@ -31,7 +33,7 @@
 //   view_bps         a bf16 view's replay step (bf16 activations, N = 128): 4 or 3 blocks per SM (default 4 for rings
 //                    up to 16, the length measured; 3 past it; kernels.cuh below)
 //   verify_rows      rows of a group per verify block (forced; verify.cuh)
-//   replay_small     0: never the small replay-step kernel (replay_small.cuh; default: grids of at most four
+//   replay_small     0: never the small replay-step kernel (replay_small.cuh; default: grids of at most two
 //                    blocks per SM, fp32 checkpoint, no view, and no replay_rows / replay_prefetch / replay_sm_rows /
 //                    fold_pair / stream_lean / m2_replay_stage0_first forced), 1: whenever the shape allows, at any batch
 //   small_arrive     where the small replay kernel's block announces it has read the cursor: 0 (default) after

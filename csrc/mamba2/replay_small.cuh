@@ -258,9 +258,10 @@ bool launch_mamba2_replay_step_small(const Mamba2ReplayStepParams& p, cudaStream
                          c.ring_B_slot_stride % kV == 0 && c.ring_B_pos_stride % kV == 0 && c.ring_B_group_stride % kV == 0 &&
                          aligned16(p.B) && p.B_batch_stride % kV == 0 && p.B_group_stride % kV == 0 && aligned16(p.C) &&
                          p.C_batch_stride % kV == 0 && p.C_group_stride % kV == 0;
-    // At most four blocks an SM (session 36, H100, one run, bench/results/session36/: against v10 7.63 / 13.56 us
-    // for 12.17 / 18.82 at batch 2 / 4, but 24.3 for 20.5 at 8; it was one block an SM before).
-    const bool resident = int64_t(p.batch) * p.nheads <= int64_t(4) * num_sms();
+    // At most two blocks an SM: batches 1-2 here (session 37, H100, bench/results/session37/: v10 with its blocks of
+    // 128 rows took batch 4 in 11.3 us against this kernel's 13.5; batch 2 7.6 here, 7.6-8.2 there; four blocks an SM in
+    // session 36, against v10's 32-row blocks at batch 4; one block an SM before).
+    const bool resident = int64_t(p.batch) * p.nheads <= int64_t(2) * num_sms();
     const int arrive = tune_knob("small_arrive") >= 0 ? tune_knob("small_arrive") : 0;
     if (arrive > 2) throw std::invalid_argument("replayssm: REPLAYSSM_TUNE small_arrive must be 0, 1 or 2");
     if (!shape_ok || !aligned || (knob != 1 && !resident) || p.batch > 65535) return false;

@@ -655,6 +655,16 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
     const int64_t rule_blocks = groups_total * ((group_rows + rows - 1) / rows);
     if (r <= group_rows && r > rows && rule_blocks <= int64_t(num_sms()) * kMinBlocks) rows = r;  // (the rule's grid: one wave)
   }
+  // An fp32 checkpoint past one resident wave whose rule gives fewer than 256 rows (batches 2-43 here): blocks of 128
+  // rows. The rule's 32-192 rows repeat the prologue (slot, ring, B . C, decays) for one to six row iterations. H100,
+  // N = 128, us at batch 4 / 8 / 16 / 32 (bench/results/session36/ and session37/, two runs each): 128 rows 11.3 / 18.8 /
+  // 31.1-31.5 / 57.6-58.2 against the rule's 18.8 / 20.4 / 32.1-32.5 / 58.4-58.8 (32, 64, 96 and 192 rows; 256 rows 12.9 /
+  // 20.4-21.3 / 33.8-34.4 / 58.9-59.7). REPLAYSSM_TUNE replay_min_rows=0: the rule's rows.
+  if (forced_rows <= 0 && sizeof(src_t) == 4 && tune_knob("replay_min_rows") != 0 && rows < 256 &&
+      groups_total * ((group_rows + rows - 1) / rows) > int64_t(num_sms()) * kMinBlocks) {
+    const int64_t r = std::max<int64_t>(Layout::kRowsPerIter, 128 / Layout::kRowsPerIter * Layout::kRowsPerIter);
+    rows = std::min<int64_t>(r, group_rows);
+  }
   // At most kThreads heads per block (the decays take a thread per head; a block that straddles heads holds one
   // more than rows / headdim).
   constexpr int kMaxRows = 128 * 1024 / (kN * int(sizeof(src_t)));
