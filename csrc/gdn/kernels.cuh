@@ -55,7 +55,7 @@
 //   gdn_replay_bps     blocks per SM the row split aims at (default 16 for a plain cache since session 35, 12 with a
 //                      view: ~4 waves of 3 blocks per SM)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
-//   gdn_replay_min_rows a plain cache's fewest rows per block where the bps split gives fewer (default 64; 0: none,
+//   gdn_replay_min_rows the replay step's fewest rows per block where the bps split gives fewer (default 64; 0: none,
 //                      the split's rows as before session 37)
 //   gdn_replay_split   0: the replay step's rows per block as the bps split gives them (default: rounded up to split a
 //                      key head's rows evenly)
@@ -1861,13 +1861,15 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   const int bps = tune_knob("gdn_replay_bps") > 0 ? tune_knob("gdn_replay_bps") : (kPlain ? 16 : 12);
   int rows_per_block = gdn_rows_per_block(tune_knob("gdn_replay_rows"), p, int64_t(num_sms()) * bps, Layout::kRowsPerIter,
                                           kMinBlocks, smem_for);
-  // A plain cache's blocks hold at least 64 rows (four iterations of the default layout), while kMinBlocks of them fit
-  // an SM: below that every block repeats the prologue (slot, ring, scalars) for one or two row iterations. The split
-  // gives 16 / 32 rows at batch 4-8 / 16 here; H100, one run each in sessions 36 and 37, us (bench/results/session37/):
-  // 64-row blocks 8.68 / 12.35 / 21.28 at batch 4 / 8 / 16 against the split's 15.3 / 21.7 / 24.2 (and the small
-  // kernel's 10.4 / 17.4 at 4 / 8); 128 rows 10.2 / 13.8 / 21.3. Batch 32 and up: the split gives 64 or more already.
+  // Blocks hold at least 64 rows (four iterations of the default layouts), while kMinBlocks of them fit an SM: below
+  // that every block repeats the prologue (slot, ring, scalars) for one or two row iterations. The split gives 16 / 32
+  // rows at batch 4-8 / 16 here; H100, one run each in sessions 36 and 37, us (bench/results/session37/): plain 64-row
+  // blocks 8.68 / 12.35 / 21.28 at batch 4 / 8 / 16 against the split's 15.3 / 21.7 / 24.2 (and the small kernel's
+  // 10.4 / 17.4 at 4 / 8); 128 rows 10.2 / 13.8 / 21.3. The view (session 37, gdn_replay_rows=64 against the split):
+  // 6.57 / 7.43 / 8.35 / 9.01 / 10.70 / 12.56 at batch 1 / 2 / 3 / 4 / 6 / 8 against 6.85 / 9.08 / 15.25 / 16.69 / 21.74
+  // / 18.18, level at 16. Batch 32 and up: the split gives 64 rows or more already.
   // REPLAYSSM_TUNE gdn_replay_min_rows=N: N rows instead (0: none).
-  if (kPlain && tune_knob("gdn_replay_rows") <= 0) {
+  if (tune_knob("gdn_replay_rows") <= 0) {
     const int knob = tune_knob("gdn_replay_min_rows");
     const int min_rows = (knob >= 0 ? knob : 64) / Layout::kRowsPerIter * Layout::kRowsPerIter;
     const int r = std::min(min_rows, group_rows);
