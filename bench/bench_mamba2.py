@@ -80,7 +80,8 @@ STEP_TUNES = ["step_ahead=0", "step_ahead=1", "step_ahead=2", "step_ahead=3", "s
 # replay_small=0: the general kernel (v10) where the default takes the small one (grids of at most two blocks per
 # SM: batches 1-2 here; csrc/mamba2/replay_small.cuh); the v10 knobs above (replay_rows, replay_prefetch, ...) force v10 too.
 # replay_small=1: the small kernel wherever the shape allows (batch 3 and up: whether its gate should widen).
-# replay_min_rows=0: v10's blocks as its rows rule gives them (the default takes 128 rows where the rule gives 32-224).
+# replay_min_rows=0: v10's blocks as its rows rule gives them (the default takes 128 rows where the rule gives 32-224;
+# the view too).
 # small_arrive: where the small kernel's blocks announce that they have read the cursor (0, the default: after the barrier).
 # replay_fold_first=-1 is the default configuration (tune_knob reads -1 as unset) timed as a separate graph: at batch
 # 256 the default entry and identical tune entries differed by 4-11% in session 10 (bench/NOTES.md).
@@ -91,7 +92,7 @@ REPLAY_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_firs
 VIEW_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=1", "stream_lean=0", "replay_rows=128", "replay_rows=256",
               "replay_rows=512", "replay_rows=1024", "view_fold_lean=0", "view_bps=3",
               "view_bps=3,replay_rows=256", "pdl=1", "pdl=1,pdl_ring_ahead=0", "pdl=1,replay_fold_first=0",
-              "m2_replay_stage0_first=0"]  # (with the order kernel ahead PDL is off)
+              "m2_replay_stage0_first=0", "replay_min_rows=0"]  # (with the order kernel ahead PDL is off)
 # (the view runs the same kernel and launcher as plain caches; view_fold_lean=0: its folds stream the view too)
 
 

@@ -19,8 +19,8 @@
 //                    iteration and the ring only (the later first stages issued after the ring's group); 0: for every
 //                    copy it issued (the kernel before). Set either way it forces the general kernel (not the small one)
 //   replay_rows      rows of a group per replay-step block (forced; replay_step.cuh)
-//   replay_min_rows  0: an fp32 checkpoint's replay-step blocks as the rows rule gives them (default: 128 rows where the
-//                    rule gives fewer than 256 and the grid is past one resident wave; replay_step.cuh)
+//   replay_min_rows  0: the replay step's blocks as the rows rule gives them (default: 128 rows where the rule gives
+//                    fewer than 256 and its grid is past two blocks an SM; replay_step.cuh)
 //   replay_prefetch  1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
 //   stream_lean      0: 64-bit row and output addresses in the replay step and verify (default: 32-bit offsets)
 //   replay_fold_first 0: the replay steps (Mamba-2 and GDN) take the grid's row order; 1: folding rows first (the

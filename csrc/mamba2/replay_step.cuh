@@ -655,13 +655,15 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
     const int64_t rule_blocks = groups_total * ((group_rows + rows - 1) / rows);
     if (r <= group_rows && r > rows && rule_blocks <= int64_t(num_sms()) * kMinBlocks) rows = r;  // (the rule's grid: one wave)
   }
-  // An fp32 checkpoint past one resident wave whose rule gives fewer than 256 rows (batches 2-43 here): blocks of 128
-  // rows. The rule's 32-192 rows repeat the prologue (slot, ring, B . C, decays) for one to six row iterations. H100,
-  // N = 128, us at batch 4 / 8 / 16 / 32 (bench/results/session36/ and session37/, two runs each): 128 rows 11.3 / 18.8 /
-  // 31.1-31.5 / 57.6-58.2 against the rule's 18.8 / 20.4 / 32.1-32.5 / 58.4-58.8 (32, 64, 96 and 192 rows; 256 rows 12.9 /
-  // 20.4-21.3 / 33.8-34.4 / 58.9-59.7). REPLAYSSM_TUNE replay_min_rows=0: the rule's rows.
-  if (forced_rows <= 0 && sizeof(src_t) == 4 && tune_knob("replay_min_rows") != 0 && rows < 256 &&
-      groups_total * ((group_rows + rows - 1) / rows) > int64_t(num_sms()) * kMinBlocks) {
+  // Where the rule gives fewer than 256 rows and its grid is past two blocks an SM (batches 2-43 here): blocks of 128
+  // rows. The rule's 32-224 rows repeat the prologue (slot, ring, B . C, decays) for one to seven row iterations. H100,
+  // N = 128, us (bench/results/session36/ and session37/, the replay_rows=128 entries): fp32 checkpoint 11.3 / 18.8 /
+  // 31.1-31.5 / 57.6-58.2 at batch 4 / 8 / 16 / 32 against the rule's 18.8 / 20.4 / 32.1-32.5 / 58.4-58.8 (32, 64, 96
+  // and 192 rows; 256 rows 12.9 / 20.4-21.3 / 33.8-34.4 / 58.9-59.7); the bf16 view 7.6 / 8.8 / 9.6 / 14.9 / 26.5 at
+  // batch 2 / 3 / 4 / 8 / 16 against 8.8 / 16.9 / 18.5 / 20.9 / 29.6 (from 32 up the view's own rule below gives 256 or
+  // 512). REPLAYSSM_TUNE replay_min_rows=0: the rule's rows.
+  if (forced_rows <= 0 && tune_knob("replay_min_rows") != 0 && rows < 256 &&
+      groups_total * ((group_rows + rows - 1) / rows) > int64_t(num_sms()) * 2) {
     const int64_t r = std::max<int64_t>(Layout::kRowsPerIter, 128 / Layout::kRowsPerIter * Layout::kRowsPerIter);
     rows = std::min<int64_t>(r, group_rows);
   }
