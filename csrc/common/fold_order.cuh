@@ -60,16 +60,17 @@ __global__ void __launch_bounds__(kThreads) fold_first_order_kernel(const void* 
 // The row order for a replay step's grid of `blocks` blocks, `resident` of them at once: `order` (batch ints of
 // device memory) filled fold-first on `stream`, or null (the grid's own order). By default fold-first only where
 // it pays (`wanted`, the caller's rule), measured on the H200 (session 10, bench/results/session10/): caches with an
-// output view (their folds write the master and the view, 5-7x a non-folding row's time; the GDN replay step also
-// a plain checkpoint's grid of at most two resident waves, gdn/kernels.cuh), and only when the grid is not resident all
+// output view (their folds write the master and the view, 5-7x a non-folding row's time; the GDN replay step took
+// it for a plain checkpoint's grid of at most two resident waves in sessions 17-36, gdn/kernels.cuh), and only when the grid is not resident all
 // at once (else the order cannot matter, and the extra launch cost 3 us at batch 1). GDN view at batch 32 / 128 /
 // 256: 33.3 / 72.1 / 137.4 us against 38.6 / 105.3 / 167.2; Mamba-2 view 46.6 / 128.4 / 214.7 against 50.6 /
 // 137.0 / 249.9. Plain fp32 checkpoints (folds ~2.5x a row's time) gained nothing, and the GDN replay at batch 256
 // lost 4% (176.9 against 170.4 us: the first wave is then all folds, which stream below the bandwidth).
 // REPLAYSSM_TUNE replay_fold_first=1 forces it, =0 turns it off.
 // Whether an fp32 checkpoint's folding steps take two row iterations per trip (the replay kernels' pair loops,
-// REPLAYSSM_TUNE fold_pair=1 always, 0 never): by default where the grid is past one resident wave. At batch 1 the
-// pairs made the Mamba-2 replay step slower (7.78 against 7.59 us, H200, bench/results/session15/).
+// REPLAYSSM_TUNE fold_pair=1 always, 0 never): the Mamba-2 replay step's default, where the grid is past one resident
+// wave. At batch 1 the pairs made it slower (7.78 against 7.59 us, H200, bench/results/session15/). (The GDN replay
+// step takes pairs for every grid since session 37: gdn/kernels.cuh.)
 inline bool fold_pairs(int64_t blocks, int64_t resident) {
   const int knob = tune_knob("fold_pair");
   return knob > 0 || (knob < 0 && blocks > resident);

@@ -61,8 +61,8 @@
 //                      key head's rows evenly)
 //   replay_fold_first  0 / 1: as for the Mamba-2 replay step (mamba2/kernels.cuh; common/fold_order.cuh)
 //   fold_pair          an fp32 checkpoint's folding steps: 1 two row iterations per trip (each float4 of the ring-k
-//                      tile read once for both rows), 0 one; default: two when the grid is past one resident wave (as
-//                      for the Mamba-2 replay step); 16-bit activations only
+//                      tile read once for both rows), 0 one; default: two (since session 37; before, only past one
+//                      resident wave, as for the Mamba-2 replay step); 16-bit activations only
 //   stream_lean        0: the replay step's row copies from 64-bit addresses, 1: from 32-bit offsets (default: those
 //                      for a view, and for a plain cache past one resident wave; as Mamba-2's)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
@@ -1901,12 +1901,15 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   const bool view = !std::is_same_v<src_t, ckpt_t>;
   const int forced_prefetch = tune_knob("gdn_replay_prefetch");
   const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= resident;
-  // An fp32 checkpoint's folding steps (the kernel's kFoldPair): two row iterations per trip where the grid is past
-  // one resident wave (REPLAYSSM_TUNE fold_pair=1 always, 0 never). Resident grids (batch 1) take the kernel without
-  // that loop: its fold is latency-bound there (the Mamba-2 replay step at batch 1: 7.78 us with pairs, 7.59 without).
+  // An fp32 checkpoint's folding steps (the kernel's kFoldPair): two row iterations per trip, for every grid since
+  // session 37 (REPLAYSSM_TUNE fold_pair=0 never). Until then only past one resident wave, after the Mamba-2 replay
+  // step at batch 1 (7.78 us with pairs, 7.59 without, H200, session 15); with the 64-row blocks the GDN grids of
+  // batch 3-8 here are resident, where a launch lasts as long as its folding blocks, and pairs made them faster: 7.25
+  // / 7.83 / 9.45 / 11.29 against 7.98 / 8.64 / 10.40 / 12.25 us at batch 3 / 4 / 6 / 8, and the general kernel at
+  // batch 1 / 2 6.26 / 6.85 against 6.67 / 7.26 (H100, session 37, the fold_pair=1 entries, bench/results/session37/).
   // 16-bit activations only: with fp32 ones (K = 128, 3 stages, 4 lanes) the pair loop spilled 36 bytes (ptxas).
   constexpr bool kCanPair = std::is_same_v<src_t, ckpt_t> && std::is_same_v<ckpt_t, float> && sizeof(act_t) == 2;
-  const bool pair = kCanPair && fold_pairs(blocks, resident);
+  const bool pair = kCanPair && tune_knob("fold_pair") != 0;
   // 32-bit offsets of a key head's value-head rows from the block's first (the kernel's kLean): a view's kernel
   // always, a plain cache's where the grid is past one resident wave (REPLAYSSM_TUNE stream_lean=0 never, 1 always).
   // H200, session 16 (bench/results/session16/), us at batch 1 / 32 / 128 / 256: plain 6.46 / 29.6 / 87.7 / 163.1
@@ -1930,13 +1933,13 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // 111.5 / 213.0 -> 34.3 / 110.3 / 211.7 us at batch 32 / 128 / 256, the view 30.8 / 80.7 / 148.9 -> 29.5 / 79.8 /
   // 148.2). REPLAYSSM_TUNE replay_stage0_first=0: every first stage waited for (the former prologue).
   q.stage0_first = tune_knob("replay_stage0_first") != 0 ? 1 : 0;
-  // Folding rows first (common/fold_order.cuh): with a view, and here also for a plain checkpoint whose grid is at most
-  // two resident waves (batch 32: 28.7-29.7 against 29.7-30.1 us in each of eight H200 runs, sessions 17-32, the
-  // replay_fold_first=1 entries; 34.66 against 34.91 on an H100, session 32; at 128 and 256 it lost, and the Mamba-2
-  // replay step gained nothing at 32), unless PDL is asked for: the order kernel would then take PDL's place (27.6 us
-  // at 32 with PDL, session 32).
+  // Folding rows first (common/fold_order.cuh): with a view. A plain checkpoint's grid of at most two resident waves
+  // took it too from session 17 (batch 32 with 96-128-row blocks: 28.7-29.7 against 29.7-30.1 us in each of eight H200
+  // runs, sessions 17-32); since the 64-row blocks (session 35 at batch 32: ~4 waves, and the floor of session 37) only
+  // batches ~9-16 here had such a grid, and there it lost: 20.92 against 18.56 us at batch 16 (H100, session 37, the
+  // replay_fold_first=0 entry, bench/results/session37/). So plain checkpoints take the grid's order unless forced.
   const bool pdl_asked = pdl_requested();
-  const bool fold_first = view || (blocks <= 2 * resident && !pdl_asked);
+  const bool fold_first = view;
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
                                  resident, fold_first, stream);
   const dim3 grid(chunks, p.nkheads, p.batch);

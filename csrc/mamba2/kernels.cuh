@@ -29,7 +29,7 @@
 //                    rounded as the view holds it; replay_step.cuh)
 //   fold_pair        an fp32 checkpoint's folding steps: 1 two row iterations per trip (each B_j, or GDN's k_j,
 //                    read once for both rows), 0 one; default: two when the grid is past one resident wave
-//                    (replay_step.cuh, gdn/kernels.cuh)
+//                    (replay_step.cuh), the GDN replay step always (gdn/kernels.cuh, since session 37)
 //   view_bps         a bf16 view's replay step (bf16 activations, N = 128): 4 or 3 blocks per SM (default 4 for rings
 //                    up to 16, the length measured; 3 past it; kernels.cuh below)
 //   verify_rows      rows of a group per verify block (forced; verify.cuh)
