@@ -113,7 +113,9 @@ for step in $STEPS; do
           *) case $kind in mamba2) script=bench_mamba2.py ;; gdn) script=bench_gdn.py ;; spec) script=bench_speculative.py ;;
                gdnspec) script=bench_gdn_speculative.py ;; *) echo "=== unknown run kind $kind"; status=1; cd - > /dev/null; continue ;; esac
              kargs=VBENCH_ARGS_$kind  # (VBENCH_ARGS_mamba2, ..._gdnspec: one kind's arguments, else VBENCH_ARGS)
-             LOGDIR=/tmp/var run "${kind}_$name" python3 bench/$script --tune ${!kargs:-${VBENCH_ARGS:-}} --out "$OUT/${kind}_$name.json" ;;
+             LOGDIR=/tmp/var run "${kind}_$name" python3 bench/$script --tune ${!kargs:-${VBENCH_ARGS:-}} --out "$OUT/${kind}_$name.json"
+             # (the entries that beat their default, bench/tune_leads.py: the leads are in the call's output)
+             [ -f "$OUT/${kind}_$name.json" ] && { echo "=== leads ${kind}_$name"; python3 bench/tune_leads.py "$OUT/${kind}_$name.json" | tail -n 20; } ;;
         esac
         unset PYTHONPATH; cd - > /dev/null
       done ;;
