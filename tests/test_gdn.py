@@ -144,7 +144,9 @@ TUNE_CONFIGS = [
     "gdn_step_threads=32,gdn_step_lanes=32,gdn_step_unroll=4,gdn_step_rows=20",  # rows over blocks, a partial group
     "gdn_step_ahead=2,gdn_step_rows=32",  # the one-warp step, the next row iterations' state in flight (cp.async)
     "gdn_step_ahead=3,gdn_step_rows=12",  # staged, a partial row group
-    "fold_pair=1",  # the replay step's folds two row iterations per trip (the default only past one resident wave)
+    "fold_pair=1",  # the replay step's folds two row iterations per trip (the default since session 37)
+    "fold_pair=0",  # one row iteration per trip (the default before session 37 at one resident wave, as here)
+    "fold_pair=0,gdn_replay_rows=48,gdn_replay_variant=2",
     "fold_pair=1,gdn_replay_rows=36,gdn_replay_variant=2",
     "gdn_replay_split=0,gdn_replay_bps=64",  # the replay step's rows as the block split gives them (uneven blocks)
     "stream_lean=0",  # the replay step's row copies from 64-bit addresses (a plain cache's default at this batch)
