@@ -1834,7 +1834,7 @@ void gdn_step_cuda_for_state(const GdnStepParams& p, cudaStream_t stream) {
   });
 }
 
-// The replay step's small form for grids of at most eight blocks per SM (REPLAYSSM_TUNE gdn_replay_small).
+// The replay step's small form for grids of at most two blocks per SM (REPLAYSSM_TUNE gdn_replay_small).
 #include "replay_small.cuh"
 
 // Default configuration (kStages 3, ReplayLanes (4 lanes of 32 columns for K = 128 fp32), 3 blocks per SM): two
@@ -1869,11 +1869,13 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // 6.57 / 7.43 / 8.35 / 9.01 / 10.70 / 12.56 at batch 1 / 2 / 3 / 4 / 6 / 8 against 6.85 / 9.08 / 15.25 / 16.69 / 21.74
   // / 18.18, level at 16. Batch 32 and up: the split gives 64 rows or more already.
   // REPLAYSSM_TUNE gdn_replay_min_rows=N: N rows instead (0: none).
+  // (r rows a block: kMinBlocks such blocks still fit an SM's shared memory, with the driver's 1 KiB each)
+  auto fits = [&](int r) { return smem_for(r) <= smem_per_sm() / kMinBlocks - 1024 && smem_for(r) <= max_smem_per_block(); };
   if (tune_knob("gdn_replay_rows") <= 0) {
     const int knob = tune_knob("gdn_replay_min_rows");
     const int min_rows = (knob >= 0 ? knob : 64) / Layout::kRowsPerIter * Layout::kRowsPerIter;
     const int r = std::min(min_rows, group_rows);
-    if (r > rows_per_block && smem_for(r) <= smem_per_sm() / kMinBlocks - 1024 && smem_for(r) <= max_smem_per_block())
+    if (r > rows_per_block && fits(r))
       rows_per_block = r;
   }
   // Blocks of equal rows: a key head's rows split evenly into whole row iterations, in as many blocks as the rule
@@ -1885,7 +1887,7 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
     for (int n = (group_rows + rows_per_block - 1) / rows_per_block; n >= 1; --n) {
       const int r = group_rows / n;
       if (group_rows % n != 0 || r % Layout::kRowsPerIter != 0) continue;
-      if (r != rows_per_block && smem_for(r) <= smem_per_sm() / kMinBlocks - 1024 && smem_for(r) <= max_smem_per_block())
+      if (r != rows_per_block && fits(r))
         rows_per_block = r;
       break;
     }

@@ -1,4 +1,4 @@
-// The GDN replay step for grids of at most eight blocks per SM (batches 1-8 on the benchmark shape): a small kernel, as
+// The GDN replay step for grids of at most two blocks per SM (batches 1-2 on the benchmark shape): a small kernel, as
 // csrc/mamba2/replay_small.cuh is for Mamba-2. Included by kernels.cuh inside namespace replayssm, after
 // gdn_replay_step_kernel.
 //

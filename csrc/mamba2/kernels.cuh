@@ -580,7 +580,7 @@ __device__ __forceinline__ void copy_head_rows(T* dst, int dst_stride, const T* 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 #include "replay_step.cuh"  // the replay-step kernel
-#include "replay_small.cuh"  // and its small form for grids of at most four blocks per SM
+#include "replay_small.cuh"  // and its small form for grids of at most two blocks per SM
 
 // The replay step with the bf16 output view of an fp32 checkpoint: defined in replay_view_f32.cu (its own translation
 // unit, so that the build's longest one stays short).

@@ -1,4 +1,4 @@
-// The replay step for grids of at most four blocks per SM (batches 1-4 on the benchmark shape): a small kernel.
+// The replay step for grids of at most two blocks per SM (batches 1-2 on the benchmark shape): a small kernel.
 // Included by kernels.cuh inside namespace replayssm, after replay_step.cuh.
 //
 // Why a second kernel: at batch 1 the step is one dependent chain (slot -> checkpoint, ring and inputs -> block
@@ -14,9 +14,8 @@
 //
 // It serves an fp32 checkpoint without an output view, headdim <= 64, ring_len <= 32, N <= 128 with 16-byte
 // rows of B and C per dot lane (bf16/fp16: N in {64, 128}; fp32: N in {32, 64, 128}) and 16-byte aligned rings
-// and inputs; the launcher takes it when the grid has at most four blocks per SM (one until session 36) and no v10
-// launch knob is forced
-// (REPLAYSSM_TUNE replay_small=0: never; 1: whenever the shape allows, at any batch, for tests).
+// and inputs; the launcher takes it when the grid has at most two blocks per SM (one until session 36, four in session
+// 36) and no v10 launch knob is forced (REPLAYSSM_TUNE replay_small=0: never; 1: whenever the shape allows, at any batch, for tests).
 
 template <typename act_t, int kN>
 struct SmallReplay {
