@@ -8,6 +8,8 @@ per-thread stages, each thread reading back only what it copied and summing it; 
 256 rows of 128 columns, 128 threads, 8 KB an iteration) with
 
     quarter   the verify's order (64 rows x 128 bytes an iteration)
+    halves    32 rows x 256 bytes an iteration (a row's halves in consecutive iterations: the order of a loop whose
+              MMA n tile is 8 state rows and m the window's outputs)
     rows      16 whole rows an iteration (8 lanes a row, 4 vectors a lane: contiguous 8 KB)
 
 each with 2 or 4 stages in flight, at 4 blocks an SM (the verify's; unused shared memory holds it there) and at as
@@ -51,6 +53,11 @@ __device__ __forceinline__ int offset(int it, int v) {
   if constexpr (kPattern == 0) {  // quarter: GdnVerifyMma's row(it, warp, lane), col(it, lane) + 16 m; v = 2 rs + m
     const int row = it / 4 * 64 + warp * 16 + (lane >> 2) + 8 * (v >> 1);
     const int col = it % 4 * 32 + 4 * (lane & 3) + 16 * (v & 1);
+    return row * kK + col;
+  } else if constexpr (kPattern == 2) {  // halves: 32 rows x 256 bytes an iteration, a row's two halves in consecutive
+                                         // iterations (8 rows a warp, 4 lanes a row: an n tile of 8 state rows)
+    const int row = it / 2 * 32 + warp * 8 + (lane >> 2);
+    const int col = it % 2 * 64 + 16 * v + 4 * (lane & 3);
     return row * kK + col;
   } else {  // rows: 16 rows an iteration, 8 lanes a row, vector v of lane l at column (v * 8 + l) * 4
     const int row = it * 16 + warp * 4 + (lane >> 3);
@@ -107,12 +114,14 @@ void run_pattern(torch::Tensor ckpt, torch::Tensor out, int64_t pattern, int64_t
   else if (pattern == 0 && stages == 4) launch<0, 4>(c, o, blocks, smem, stream);
   else if (pattern == 1 && stages == 2) launch<1, 2>(c, o, blocks, smem, stream);
   else if (pattern == 1 && stages == 4) launch<1, 4>(c, o, blocks, smem, stream);
-  else TORCH_CHECK(false, "pattern 0 or 1, stages 2 or 4");
+  else if (pattern == 2 && stages == 2) launch<2, 2>(c, o, blocks, smem, stream);
+  else if (pattern == 2 && stages == 4) launch<2, 4>(c, o, blocks, smem, stream);
+  else TORCH_CHECK(false, "pattern 0, 1 or 2, stages 2 or 4");
   TORCH_CHECK(cudaGetLastError() == cudaSuccess, "stream_pattern launch failed");
 }
 """
 
-PATTERNS = {"quarter": 0, "rows": 1}
+PATTERNS = {"quarter": 0, "rows": 1, "halves": 2}
 
 
 def main():
