@@ -65,7 +65,8 @@
 //                      resident wave, as for the Mamba-2 replay step); 16-bit activations only
 //   stream_lean        0: the replay step's row copies from 64-bit addresses, 1: from 32-bit offsets (default: those
 //                      for a view, and for a plain cache past one resident wave; as Mamba-2's)
-//   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default when the grid is within one wave), 0: not
+//   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default: a view's grids within one wave; a plain
+//                    cache's never, since session 38), 0: not
 //   gdn_verify_rows    rows of a key head's value heads (HV/H * V) per gdn_replay_verify block (forced; any value >= 1)
 //   gdn_verify_mma     0: gdn_replay_verify's row loop on the CUDA cores (default: its dots on tensor cores, 3xTF32,
 //                      for an fp32 checkpoint streamed as it is)
@@ -1901,8 +1902,14 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   const int64_t blocks = int64_t(chunks) * p.nkheads * p.batch;
   const int64_t resident = int64_t(num_sms()) * kMinBlocks;  // blocks of one resident wave
   const bool view = !std::is_same_v<src_t, ckpt_t>;
+  // The whole ring fetched with the cursor (the committed part is all a row uses): a view's grids within one resident
+  // wave; a plain cache's never unless forced since session 38. With the 64-row blocks (session 37) a plain cache's
+  // resident grids are batches 3-8 here, where the prefetch's extra bytes cost more than the trip it saves: without it
+  // 9.24 / 10.75 against 9.48 / 11.27 us at batch 6 / 8, level at 3 / 4 (7.28 / 7.76 against 7.17 / 7.80) (H100, one
+  // run, the gdn_replay_prefetch=0 entries of bench/results/session38/gdn_main_call2_h100.json; at 6 / 8 the same in
+  // session 37's run and in session 38's call 1: -3.8 / -5.1% and -4.5 / -4.3%).
   const int forced_prefetch = tune_knob("gdn_replay_prefetch");
-  const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : blocks <= resident;
+  const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : !kPlain && blocks <= resident;
   // An fp32 checkpoint's folding steps (the kernel's kFoldPair): two row iterations per trip, for every grid since
   // session 37 (REPLAYSSM_TUNE fold_pair=0 never). Until then only past one resident wave, after the Mamba-2 replay
   // step at batch 1 (7.78 us with pairs, 7.59 without, H200, session 15); with the 64-row blocks the GDN grids of
