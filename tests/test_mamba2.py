@@ -168,6 +168,35 @@ def test_cuda_staged_step_gives_the_same_bits(monkeypatch, case, graph):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("batch", [3, 4], ids=["batch3", "batch4"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_cuda_step_unroll_rule_gives_the_same_bits(monkeypatch, batch, graph):
+    """At the benchmark's layer shape (H = 128, P = 64, N = 128, fp32 state, bf16) and batches where the unstaged step
+    picks between 4 and 8 rows in flight a thread (mamba2_step_prefers_unroll8: on an H100 / H200 8 at batch 3, 4 at
+    batch 4), the default launch, the former default (step_ahead=0,step_unroll=4) and unroll 8 forced give the same
+    bits over several tokens, eager and in a CUDA graph: a row's operations do not depend on how many rows a thread
+    keeps in flight; slots outside the batch stay as they were."""
+    gen = make_gen()
+    H, P, G, N, num_slots, tokens = 128, 64, 8, 128, batch + 2, 3
+    layer = Layer(H, P, G, N, "cuda", gen)
+    ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32).cuda()
+    pool = (torch.randn(num_slots, H, P, N, generator=gen) * 0.1).cuda()
+    inputs = token_inputs(layer, batch, torch.bfloat16, gen, tokens, ("x", "dt", "B", "C", "z"))
+    outs = torch.zeros((tokens, batch, H, P), dtype=torch.bfloat16, device="cuda")
+
+    def one_token(pools, x, dt, B, C, z, out):
+        replayssm.mamba2_step(pools[0], x, dt, layer.A, B, C, slot_ids=ids, z=z, out=out, **layer.kwargs())
+
+    def chain(env):
+        out = outs.clone()
+        return out, run_chain(monkeypatch, env, one_token, [pool.clone()], inputs, out, graph)
+
+    envs = [{"REPLAYSSM_TUNE": ""}, {"REPLAYSSM_TUNE": "step_ahead=0,step_unroll=4"}, {"REPLAYSSM_TUNE": "step_unroll=8"}]
+    assert_only_batch_slots_moved(assert_chains_agree(chain, envs)[1][0], pool, ids)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("tune", ["replay_rows=32", "replay_rows=64,replay_prefetch=1", "replay_prefetch=1",
                                   "replay_prefetch=0", "replay_rows=96", "replay_rows=96,replay_prefetch=0",
                                   "stream_lean=0", "stream_lean=0,replay_rows=96",

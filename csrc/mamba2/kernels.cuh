@@ -9,7 +9,8 @@
 // Launch-configuration knobs (REPLAYSSM_TUNE="key=value,...", common/cuda_utils.cuh; read at every launch; for
 // benchmarking alternatives, bench/bench_mamba2.py --tune and bench_speculative.py --tune):
 //   step_unroll      rows in flight per thread in mamba2_step: 1, 2, 4, 8 (default 4, or 2 with >= 64 heads per SM
-//                    or at most one)
+//                    or at most one; for the unstaged benchmark shape 8 where mamba2_step_prefers_unroll8 says so,
+//                    since session 38)
 //   step_bps         blocks per SM mamba2_step's row split aims at (default 8)
 //   step_ahead       1-3: mamba2_step with the next 1-3 row iterations' state in flight (cp.async stages; fp32 state,
 //                    bf16 activations, dstate 128, unroll 2 or 4: with 4 (the default below 64 heads an SM, e.g.
@@ -351,25 +352,58 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   } while (base < row_end);
 }
 
+// mamba2_step's rows per block for row iterations of rows_per_iter rows: a head's rows split over blocks only as far
+// as needed to keep every SM busy with several blocks (step_bps an SM, default 8), in whole iterations.
+inline int mamba2_step_rows_per_block(const Mamba2StepParams& p, int rows_per_iter) {
+  const int64_t heads_total = int64_t(p.batch) * p.nheads;
+  const int max_chunks = (p.headdim + rows_per_iter - 1) / rows_per_iter;
+  const int bps = tune_knob("step_bps") > 0 ? tune_knob("step_bps") : 8;
+  int chunks = static_cast<int>((int64_t(num_sms()) * bps + heads_total - 1) / heads_total);
+  chunks = max(1, min(chunks, max_chunks));
+  const int rows_per_block = (p.headdim + chunks - 1) / chunks;
+  return (rows_per_block + rows_per_iter - 1) / rows_per_iter * rows_per_iter;
+}
+
 template <typename state_t, typename act_t, int kN, int kUnroll, int kAhead = 0>
 void launch_mamba2_step(const Mamba2StepParams& p, cudaStream_t stream) {
   constexpr int kThreads = 128;
   using Layout = RowLayout<state_t, kN, kThreads, kUnroll>;
-  // Split a head's rows over blocks only as far as needed to keep every SM busy with several blocks.
-  const int64_t heads_total = int64_t(p.batch) * p.nheads;
-  const int max_chunks = (p.headdim + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter;
-  const int bps = tune_knob("step_bps") > 0 ? tune_knob("step_bps") : 8;
-  int chunks = static_cast<int>((int64_t(num_sms()) * bps + heads_total - 1) / heads_total);
-  chunks = max(1, min(chunks, max_chunks));
-  int rows_per_block = (p.headdim + chunks - 1) / chunks;
-  rows_per_block = (rows_per_block + Layout::kRowsPerIter - 1) / Layout::kRowsPerIter * Layout::kRowsPerIter;
-  chunks = (p.headdim + rows_per_block - 1) / rows_per_block;
+  const int rows_per_block = mamba2_step_rows_per_block(p, Layout::kRowsPerIter);
+  const int chunks = (p.headdim + rows_per_block - 1) / rows_per_block;
   const dim3 grid(chunks, p.nheads, p.batch);
   // (REPLAYSSM_TUNE step_split_loads=1: the PDL order without PDL, the A/B of the order alone)
   const bool pdl = pdl_requested(), split_loads = pdl || tune_knob("step_split_loads") > 0;
   constexpr int kStageBytes = kAhead * kUnroll * Layout::kVecsPerLane * kThreads * 16;  // kAhead's stages
   launch_maybe_pdl(mamba2_step_kernel<state_t, act_t, kN, kThreads, kUnroll, kAhead>, grid, kThreads, kStageBytes, stream, pdl,
                    "mamba2_step kernel launch", p, rows_per_block, split_loads);
+}
+
+// The unstaged step with 8 rows in flight a thread instead of 4 (one row iteration of 32 rows a block where 4 gives
+// two of 16): worth it where the blocks of unroll 4 would run more than one row iteration, unless the unroll-4 grid
+// is resident at once and the unroll-8 one (more registers: fewer blocks an SM) is not. H100, the benchmark's shape
+// (fp32 state, bf16, N = 128: 55 / 79 registers, 9 / 6 blocks an SM), us, unroll 4 against 8
+// (bench/results/session38/mamba2_step_b1_32_call4_h100.json; batches 3-8 the same in call 3 and session 36):
+// batch 2 (one iteration) 8.49 / 8.64; 3 (768 blocks: both resident) 12.13 / 10.99; 4 (1024: 4 resident, 8 not)
+// 15.17 / 16.08; 5 (1280: neither) 19.62 / 17.72; 6 (1536) 21.86 / 20.04; 8 (2048) 26.98 / 26.72 (mamba_ssm 8.85 /
+// 11.87 / 14.82 / 17.74 / 20.67 / 26.90).
+template <typename state_t, typename act_t, int kN>
+bool mamba2_step_prefers_unroll8(const Mamba2StepParams& p) {
+  constexpr int kThreads = 128, kMaxDevices = 64;
+  static int resident4[kMaxDevices], resident8[kMaxDevices];  // blocks an SM, per device (0: not yet asked)
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (device >= kMaxDevices) return false;
+  if (resident4[device] == 0 || resident8[device] == 0) {
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident4[device], mamba2_step_kernel<state_t, act_t, kN, kThreads, 4, 0>,
+                                                             kThreads, 0), "mamba2_step occupancy");
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident8[device], mamba2_step_kernel<state_t, act_t, kN, kThreads, 8, 0>,
+                                                             kThreads, 0), "mamba2_step occupancy");
+  }
+  constexpr int kRows4 = RowLayout<state_t, kN, kThreads, 4>::kRowsPerIter, kRows8 = RowLayout<state_t, kN, kThreads, 8>::kRowsPerIter;
+  const int rows4 = mamba2_step_rows_per_block(p, kRows4), rows8 = mamba2_step_rows_per_block(p, kRows8);
+  auto blocks = [&](int rows) { return int64_t((p.headdim + rows - 1) / rows) * p.nheads * p.batch; };
+  const int64_t wave4 = int64_t(resident4[device]) * num_sms(), wave8 = int64_t(resident8[device]) * num_sms();
+  return rows4 > kRows4 && !(blocks(rows4) <= wave4 && blocks(rows8) > wave8);
 }
 
 template <DType kState>
@@ -402,6 +436,11 @@ void mamba2_step_cuda_for_state(const Mamba2StepParams& p, cudaStream_t stream) 
         // (Session 36, H100, same run: unstaged faster at batch 2 (8.45 against 9.69 us) and 8 (26.8 against 28.6), so
         // staged only past 8 heads an SM: batch 16 and up here.)
         const int ahead = knob >= 0 ? knob : (heads_total <= int64_t(8) * num_sms() ? 0 : 3);
+        // Unstaged with unroll 4 by the rules above: 8 rows in flight where that pays (mamba2_step_prefers_unroll8; since
+        // session 38).
+        // (Not where step_ahead or step_unroll is forced: "step_ahead=0,step_unroll=4" is the former default at batch 2-8.)
+        if (knob < 0 && ahead == 0 && forced <= 0 && unroll == 4 && mamba2_step_prefers_unroll8<state_t, act_t, kN>(p))
+          return launch_mamba2_step<state_t, act_t, kN, 8>(p, stream);
         if (ahead >= 1 && ahead <= 3 && (unroll == 2 || unroll == 4)) {
           if (unroll == 2) {
             if (ahead == 1) return launch_mamba2_step<state_t, act_t, kN, 2, 1>(p, stream);
