@@ -131,21 +131,11 @@ def test_cuda_wide_offset_stream_matches_reference(monkeypatch, act_dtype, state
             test_shapes_that_are_not_tile_multiples("cuda", shape)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("case", [dict(P=64, tune="step_unroll=2,step_bps=1"), dict(P=20, tune="step_unroll=2,step_bps=1"),
-                                  dict(P=64, tune="step_unroll=4,step_bps=1"), dict(P=64, tune="")],
-                         ids=["8iters", "partial", "unroll4", "1iter"])
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_cuda_staged_step_gives_the_same_bits(monkeypatch, case, graph):
-    """mamba2_step with the state of the next 1-3 row iterations in flight (REPLAYSSM_TUNE step_ahead=1..3: cp.async
-    into shared-memory stages, x and z an iteration ahead) runs the same fp32 operations in the same order as the
-    kernel without (step_ahead=0): over several tokens, with blocks of 8 row iterations (2 rows a thread), of 3 with
-    a partial one (P = 20), of 4 (4 rows a thread: at most 2 ahead) and of a single one (this batch's default), the
-    staged prologue also in the PDL load order (step_split_loads=1), outputs and states are the same bits, eager
-    and in a CUDA graph; slots outside the batch stay as they were."""
+def step_chain(monkeypatch, graph, H, P, G, N, batch, num_slots, tokens=3):
+    """A chain of `tokens` mamba2_step calls (fp32 state pool, bf16 activations, z, random slots): returns chain(env)
+    for assert_chains_agree (each run from a copy of the same pool and inputs, eager or in a CUDA graph), the pool and
+    the slot ids."""
     gen = make_gen()
-    H, P, G, N, batch, num_slots, tokens = 8, case["P"], 2, 128, 24, 27, 3
     layer = Layer(H, P, G, N, "cuda", gen)
     ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32).cuda()
     pool = (torch.randn(num_slots, H, P, N, generator=gen) * 0.1).cuda()
@@ -159,6 +149,23 @@ def test_cuda_staged_step_gives_the_same_bits(monkeypatch, case, graph):
         out = outs.clone()
         return out, run_chain(monkeypatch, env, one_token, [pool.clone()], inputs, out, graph)
 
+    return chain, pool, ids
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("case", [dict(P=64, tune="step_unroll=2,step_bps=1"), dict(P=20, tune="step_unroll=2,step_bps=1"),
+                                  dict(P=64, tune="step_unroll=4,step_bps=1"), dict(P=64, tune="")],
+                         ids=["8iters", "partial", "unroll4", "1iter"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_cuda_staged_step_gives_the_same_bits(monkeypatch, case, graph):
+    """mamba2_step with the state of the next 1-3 row iterations in flight (REPLAYSSM_TUNE step_ahead=1..3: cp.async
+    into shared-memory stages, x and z an iteration ahead) runs the same fp32 operations in the same order as the
+    kernel without (step_ahead=0): over several tokens, with blocks of 8 row iterations (2 rows a thread), of 3 with
+    a partial one (P = 20), of 4 (4 rows a thread: at most 2 ahead) and of a single one (this batch's default), the
+    staged prologue also in the PDL load order (step_split_loads=1), outputs and states are the same bits, eager
+    and in a CUDA graph; slots outside the batch stay as they were."""
+    chain, pool, ids = step_chain(monkeypatch, graph, H=8, P=case["P"], G=2, N=128, batch=24, num_slots=27)
     tune = case["tune"] + ("," if case["tune"] else "")
     envs = [{"REPLAYSSM_TUNE": f"{tune}step_ahead={a}"} for a in (0, 1, 2, 3)]
     envs.append({"REPLAYSSM_TUNE": f"{tune}step_ahead=3,step_split_loads=1"})  # the PDL load order (PDL itself:
@@ -176,21 +183,7 @@ def test_cuda_step_unroll_rule_gives_the_same_bits(monkeypatch, batch, graph):
     batch 4), the default launch, the former default (step_ahead=0,step_unroll=4) and unroll 8 forced give the same
     bits over several tokens, eager and in a CUDA graph: a row's operations do not depend on how many rows a thread
     keeps in flight; slots outside the batch stay as they were."""
-    gen = make_gen()
-    H, P, G, N, num_slots, tokens = 128, 64, 8, 128, batch + 2, 3
-    layer = Layer(H, P, G, N, "cuda", gen)
-    ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32).cuda()
-    pool = (torch.randn(num_slots, H, P, N, generator=gen) * 0.1).cuda()
-    inputs = token_inputs(layer, batch, torch.bfloat16, gen, tokens, ("x", "dt", "B", "C", "z"))
-    outs = torch.zeros((tokens, batch, H, P), dtype=torch.bfloat16, device="cuda")
-
-    def one_token(pools, x, dt, B, C, z, out):
-        replayssm.mamba2_step(pools[0], x, dt, layer.A, B, C, slot_ids=ids, z=z, out=out, **layer.kwargs())
-
-    def chain(env):
-        out = outs.clone()
-        return out, run_chain(monkeypatch, env, one_token, [pool.clone()], inputs, out, graph)
-
+    chain, pool, ids = step_chain(monkeypatch, graph, H=128, P=64, G=8, N=128, batch=batch, num_slots=batch + 2)
     envs = [{"REPLAYSSM_TUNE": ""}, {"REPLAYSSM_TUNE": "step_ahead=0,step_unroll=4"}, {"REPLAYSSM_TUNE": "step_unroll=8"}]
     assert_only_batch_slots_moved(assert_chains_agree(chain, envs)[1][0], pool, ids)
 

@@ -1909,7 +1909,7 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // run, the gdn_replay_prefetch=0 entries of bench/results/session38/gdn_main_call2_h100.json; at 6 / 8 the same in
   // session 37's run and in session 38's call 1: -3.8 / -5.1% and -4.5 / -4.3%).
   const int forced_prefetch = tune_knob("gdn_replay_prefetch");
-  const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : !kPlain && blocks <= resident;
+  const bool prefetch_ring = forced_prefetch >= 0 ? forced_prefetch > 0 : view && blocks <= resident;
   // An fp32 checkpoint's folding steps (the kernel's kFoldPair): two row iterations per trip, for every grid since
   // session 37 (REPLAYSSM_TUNE fold_pair=0 never). Until then only past one resident wave, after the Mamba-2 replay
   // step at batch 1 (7.78 us with pairs, 7.59 without, H200, session 15); with the 64-row blocks the GDN grids of
