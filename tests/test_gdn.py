@@ -149,8 +149,8 @@ TUNE_CONFIGS = [
     "fold_pair=0,gdn_replay_rows=48,gdn_replay_variant=2",
     "fold_pair=1,gdn_replay_rows=36,gdn_replay_variant=2",
     "gdn_replay_split=0,gdn_replay_bps=64",  # the replay step's rows as the block split gives them (uneven blocks)
-    "stream_lean=0",  # the replay step's row copies from 64-bit addresses (a plain cache's default at this batch)
-    "stream_lean=1",  # from 32-bit offsets (a plain cache's default past one resident wave)
+    "stream_lean=0",  # the replay step's row copies from 64-bit addresses (a plain one-wave grid's default before s39)
+    "stream_lean=1",  # from 32-bit offsets (the default wherever they fit)
     "stream_lean=1,fold_pair=1,gdn_replay_rows=48",
     "stream_lean=0,fold_pair=1,gdn_replay_rows=48,gdn_replay_variant=0",
     "replay_stage0_first=0,gdn_replay_rows=64",  # the replay prologue waits for every first stage (before session 35)

@@ -64,7 +64,7 @@
 //                      tile read once for both rows), 0 one; default: two (since session 37; before, only past one
 //                      resident wave, as for the Mamba-2 replay step); 16-bit activations only
 //   stream_lean        0: the replay step's row copies from 64-bit addresses, 1: from 32-bit offsets (default: those
-//                      for a view, and for a plain cache past one resident wave; as Mamba-2's)
+//                      wherever the offsets fit, since session 39; before, a plain cache's only past one resident wave)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default: a view's grids within one wave; a plain
 //                    cache's never, since session 38), 0: not
 //   gdn_verify_rows    rows of a key head's value heads (HV/H * V) per gdn_replay_verify block (forced; any value >= 1)
@@ -1919,14 +1919,16 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // 16-bit activations only: with fp32 ones (K = 128, 3 stages, 4 lanes) the pair loop spilled 36 bytes (ptxas).
   constexpr bool kCanPair = std::is_same_v<src_t, ckpt_t> && std::is_same_v<ckpt_t, float> && sizeof(act_t) == 2;
   const bool pair = kCanPair && tune_knob("fold_pair") != 0;
-  // 32-bit offsets of a key head's value-head rows from the block's first (the kernel's kLean): a view's kernel
-  // always, a plain cache's where the grid is past one resident wave (REPLAYSSM_TUNE stream_lean=0 never, 1 always).
-  // H200, session 16 (bench/results/session16/), us at batch 1 / 32 / 128 / 256: plain 6.46 / 29.6 / 87.7 / 163.1
-  // against 64-bit addresses' 6.20 / 29.6 / 88.3 / 165.2 (batch 1: one wave, latency-bound); view 7.51 / 28.9 / 69.4
-  // / 127.1 against 7.62 / 28.8 / 70.8 / 129.4.
+  // 32-bit offsets of a key head's value-head rows from the block's first (the kernel's kLean) wherever they fit
+  // (REPLAYSSM_TUNE stream_lean=0: never). H200, session 16 (bench/results/session16/), us at batch 1 / 32 / 128 / 256:
+  // plain 6.46 / 29.6 / 87.7 / 163.1 against 64-bit addresses' 6.20 / 29.6 / 88.3 / 165.2; view 7.51 / 28.9 / 69.4 /
+  // 127.1 against 7.62 / 28.8 / 70.8 / 129.4. Batch 1's loss kept one-wave grids on 64-bit addresses until session 39;
+  // batches 1-2 have since gone to the small kernel, and at 3-16 (the general kernel's one-wave grids) the lean form
+  // was level or faster in three sessions (H100; the stream_lean=1 entries): s37 +0.5 to -0.3%, s38 -1%, s39 7.06 /
+  // 7.48 / 8.92 / 10.55 / 18.49 against 7.33 / 7.74 / 9.14 / 10.69 / 18.50 us at batch 3 / 4 / 6 / 8 / 16
+  // (bench/results/session39/gdn_new_call1_h100.json).
   const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
-  const int forced_lean = tune_knob("stream_lean");
-  const bool lean = forced_lean != 0 && (forced_lean > 0 || view || blocks > resident) &&
+  const bool lean = tune_knob("stream_lean") != 0 &&
                     int64_t(ratio) * head_stride + int64_t(V) * row_stride < (int64_t(1) << 31) && head_stride < (int64_t(1) << 31);
   auto kernel = lean ? gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, false, true>
                      : gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, false, false>;
