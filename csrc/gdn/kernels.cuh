@@ -1923,10 +1923,11 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // (REPLAYSSM_TUNE stream_lean=0: never). H200, session 16 (bench/results/session16/), us at batch 1 / 32 / 128 / 256:
   // plain 6.46 / 29.6 / 87.7 / 163.1 against 64-bit addresses' 6.20 / 29.6 / 88.3 / 165.2; view 7.51 / 28.9 / 69.4 /
   // 127.1 against 7.62 / 28.8 / 70.8 / 129.4. Batch 1's loss kept one-wave grids on 64-bit addresses until session 39;
-  // batches 1-2 have since gone to the small kernel, and at 3-16 (the general kernel's one-wave grids) the lean form
-  // was level or faster in three sessions (H100; the stream_lean=1 entries): s37 +0.5 to -0.3%, s38 -1%, s39 7.06 /
-  // 7.48 / 8.92 / 10.55 / 18.49 against 7.33 / 7.74 / 9.14 / 10.69 / 18.50 us at batch 3 / 4 / 6 / 8 / 16
-  // (bench/results/session39/gdn_new_call1_h100.json).
+  // batches 1-2 have since gone to the small kernel. At 3-16 (the general kernel's one-wave grids; H100, the
+  // stream_lean=1 entries against the default) the lean form was 0.3-1.1% slower in session 37 (before the fold pairs
+  // of bd11db2), 0-1.1% faster in session 38 and 1.3-3.6% faster in session 39: 7.06 / 7.48 / 8.92 / 10.55 / 18.49
+  // against 7.33 / 7.74 / 9.14 / 10.69 / 18.50 us at batch 3 / 4 / 6 / 8 / 16
+  // (bench/results/session3{7,8,9}/gdn_*.json; session 39's gdn_new_call1_h100.json).
   const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
   const bool lean = tune_knob("stream_lean") != 0 &&
                     int64_t(ratio) * head_stride + int64_t(V) * row_stride < (int64_t(1) << 31) && head_stride < (int64_t(1) << 31);
