@@ -146,8 +146,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(p.headdim);
   };
+  // All kStages stages issued before the prologue; the row loop refills a stage right after this thread's reads of it
+  // (a thread reads only the vectors it copied): kStages stages in flight instead of kStages - 1.
 #pragma unroll
-  for (int it = 0; it < kStages - 1; ++it) issue(it);
+  for (int it = 0; it < kStages; ++it) issue(it);
 
   // ---- The window's inputs (known before the cursor) and then the committed ring, into shared memory.
   const int64_t gx = int64_t(g) * heads_per_group;
@@ -296,8 +298,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   act_t* const out_block = static_cast<act_t*>(p.out) + b * p.out_batch_stride + int64_t(h0) * p.out_head_stride;  // (kLean)
   RowPos pos = pos0;
   for (int it = 0; it < n_iter; ++it) {
-    issue(it + kStages - 1);
-    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed
+    cp_async_wait<kStages - 1>();  // this thread's vectors of iteration `it` have landed (it + 1 .. it + kStages - 1 may be
+                                   // pending; the prologue waited for all of its groups)
     const RowPos q = pos;
     pos.advance<Layout::kRowsPerIter>(p.headdim);
     const bool valid = q.r < row_end;
@@ -310,6 +312,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
       for (int e = 0; e < kVec; ++e) s[v * kVec + e] = (kLean || valid) ? part[e] : 0.f;
     }
+    issue(it + kStages);  // into the stage just read (this thread's reads of it come first in program order)
     if (early) {  // S_c <- exp(c_w) S_c + sum_{j<w} exp(c_w - c_j) dt_j x_j B_j, stored as the checkpoint stores it
       if constexpr (kView) {  // from this lane's columns of the fp32 master row (the view served the staging)
 #pragma unroll
