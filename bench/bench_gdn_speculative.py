@@ -83,7 +83,7 @@ def replay_step_us(batch, L, shape, gen) -> float:
 # gdn_verify_4bps=0: three blocks an SM (the default before session 31).
 TUNES = ["gdn_verify_rows=128", "gdn_verify_rows=64", "gdn_verify_mma=0", "gdn_verify_4bps=0"]
 GDN = spec.Kind("gdn", (32, 16, 128, 128), (4, 2, 16, 8), lambda s: s[0] * s[2] * s[3] * 4, Layer, window, verify_step,
-                baseline_step, analytic_bytes, replay_step_us, TUNES, "gdn_speculative.json")
+                baseline_step, analytic_bytes, replay_step_us, TUNES, "gdn_speculative.json", ring_len=12)
 
 if __name__ == "__main__":
     spec.main(GDN)

@@ -17,12 +17,14 @@ over one replay step at the same batch, measured in the same run).
 
     python bench/bench_speculative.py [--batches 32 128 256] [--T 2 4 8] [--rates 0.25 0.5 0.75 1.0]
                                       [--ring-len 12 ...] [--out bench/results/mamba2_speculative.json]
-The ring length (default 12) is the one measured fastest at batch 256 (session 17, bench/NOTES.md): at T = 4 and
-accept rate 0.5, verify+commit took 494 / 492 / 501 / 534 / 573 us at L = 8 / 12 / 16 / 24 / 32, although a short
-ring folds more often and moves more bytes (floors 343 / 314 / 303 / 290 / 289 us; two runs, L = 16 in both:
-501.7 and 501.0 us): the verify replays up to
-L - T history tokens per row, and that work, not the bytes, sets its time. 12 was also the fastest measured at T = 8
-(12 / 16) and within 1% of 8 at T = 2; for GDN at T = 4 too (12 / 16 / 32).
+The ring length: 16 for Mamba-2 (12 tokens of history and a window of 4), 12 for GDN (bench_gdn_speculative.py).
+Session 17 (H200) had 12 fastest for both, the verify's replay of up to L - T history tokens per row outweighing the
+extra folds' bytes. On today's kernels (sessions 39-40, an H100, bench/results/session40/README.md) the Mamba-2 verify
+at batch 256 with ring 16 is as fast as 12 or faster at T = 2 and 4 (up to 2.8% at T = 4, accept 0.75), moves 2.6-7.9%
+fewer bytes at T = 4, and loses only at T = 8 below accept 1.0 (2-4%); at batch 32 and 128 the two are within 2%. GDN's ring
+16 costs its verify a block per SM (its shared memory at 256 rows: 61.7 KB with two stages, more than a quarter of
+the SM's, so the launcher takes three stages and three blocks of 69.9 KB instead of four of 55.1 KB) and was 5-6% slower
+(session 38), so GDN keeps 12.
 
     python bench/bench_speculative.py --smoke    # tiny shapes, eager, CPU or GPU: checks the code paths only
     python bench/bench_speculative.py --view     # verify streams a bf16 view of the fp32 checkpoint (issue 5)
@@ -146,10 +148,12 @@ class Kind:
     replay_step_us: Callable  # (batch, L, shape, gen)
     tunes: list  # alternative verify kernels (REPLAYSSM_TUNE), timed with --tune
     out: str  # default result file name
+    ring_len: int  # the ring timed unless --ring-len says otherwise (see the module docstring)
 
 
 MAMBA2 = Kind("mamba2", (128, 64, 128, 8), (4, 16, 32, 2), lambda s: s[0] * s[1] * s[2] * 4, Layer, window, verify_step,
-              baseline_step, analytic_bytes, replay_step_us, ["verify_rows=256", "verify_rows=1024", "stream_lean=0"], "mamba2_speculative.json")
+              baseline_step, analytic_bytes, replay_step_us, ["verify_rows=256", "verify_rows=1024", "stream_lean=0"], "mamba2_speculative.json",
+              ring_len=16)
 
 
 def bench(kind, batch, T, rate, L, steps, shape, gen, smoke=False, tune=False) -> dict:
@@ -211,7 +215,7 @@ def main(kind=MAMBA2):
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 128, 256])
     parser.add_argument("--T", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--rates", type=float, nargs="+", default=[0.25, 0.5, 0.75, 1.0])
-    parser.add_argument("--ring-len", type=int, nargs="+", default=[12],
+    parser.add_argument("--ring-len", type=int, nargs="+", default=[kind.ring_len],
                         help="ring lengths to time (each T with every length that holds its window, L >= T + 1)")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
