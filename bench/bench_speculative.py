@@ -20,9 +20,9 @@ over one replay step at the same batch, measured in the same run).
 The ring length: 16 for Mamba-2 (12 tokens of history and a window of 4), 12 for GDN (bench_gdn_speculative.py).
 Session 17 (H200) had 12 fastest for both, the verify's replay of up to L - T history tokens per row outweighing the
 extra folds' bytes. On today's kernels (sessions 39-40, an H100, bench/results/session40/README.md) the Mamba-2 verify
-at batch 256 with ring 16 is as fast as 12 or faster at T = 2 and 4 (up to 2.8% at T = 4, accept 0.75), moves 2.6-7.9%
-fewer bytes at T = 4, and loses only at T = 8 below accept 1.0 (2-4%); at batch 32 and 128 the two are within 2%. GDN's ring
-16 costs its verify a block per SM (its shared memory at 256 rows: 61.7 KB with two stages, more than a quarter of
+at batch 256 with ring 16 is as fast as 12 or faster at T = 2 and 4 (up to 2.8% at T = 4, accept 0.75), moves 2.7-7.9%
+fewer bytes at T = 4 (the analytic count), and loses only at T = 8 below accept 1.0 (2-4%); at batch 32 and 128 the two are within 2%. GDN's ring
+16 costs its verify a block per SM (GdnVerifyPassSmem at 256 rows: 61.7 KB with two stages, more than a quarter of
 the SM's, so the launcher takes three stages and three blocks of 69.9 KB instead of four of 55.1 KB) and was 5-6% slower
 (session 38), so GDN keeps 12.
 
