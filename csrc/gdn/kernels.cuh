@@ -1334,6 +1334,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
       for (int v = 0; v < 4; ++v)
         unpack16<src_t>(staging[((it % kStages) * MmaGeom::kVecs + v) * kThreads + threadIdx.x], *reinterpret_cast<float(*)[4]>(&a[4 * v]));
+      // Refill the stage just read (this thread's reads of it come first in program order) before an early fold's
+      // work: a folding block then has kStages later iterations in flight during its fold (the FMAs over its w0
+      // committed ring entries and the checkpoint's store), not kStages - 1 (at the benchmark's two stages: two, not one).
+      issue(it + kStages);
       if (early) {  // checkpoint <- state at the cursor, the same operations per element as the other row loop; both rows
                     // in one pass over the committed ring (a ring k vector serves both)
         int rr[2], hl[2];
@@ -1372,7 +1376,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       uint32_t hi[16], lo[16];
 #pragma unroll
       for (int e = 0; e < 16; ++e) split_tf32(a[e], hi[e], lo[e]);
-      issue(it + kStages);  // into the stage just read (its values used above: the reads are done)
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         if (nt < ntiles) {

@@ -229,21 +229,30 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   __syncthreads();
-  // The decay weights, a thread per (head, k, j), each suffix sum in replay_decays' order (the CPU's values)
-  // without its serial chain of exponentials: W[k][j] = exp(c_t - c_j) dt_j (B_j . C_k), zero past the token
-  // (the ring sums below run to base + T); deck[k] = exp(c_t). For an early fold the same per (head, j < w0).
-  for (int idx = threadIdx.x; idx < nheads_block * T * (base + T); idx += kThreads) {
-    const int hl = idx / (T * (base + T)), rem = idx % (T * (base + T)), k = rem / (base + T), j = rem % (base + T);
-    const int t = base + k;
-    float w = 0.f;
-    if (j <= t) {
+  // The decay weights: W[k][j] = exp(c_t - c_j) dt_j (B_j . C_k) for j <= t, zero past the token (the ring sums below
+  // run to base + T); deck[k] = exp(c_t). A thread per (head, k) runs j from t down to 0, so each suffix sum
+  // dt_t + ... + dt_{j+1} is the previous one plus one term: replay_decays' order (the CPU's values), the same bits as
+  // a thread per (head, k, j) summing its suffix from scratch (the form before this change: four such serial chains
+  // a thread at the benchmark's 8 heads, T = 4, ring 16), and the exponentials independent of each other. The pairs
+  // are spread over the warps (lane-major). An early fold's weights below stay a thread per (head, j < w0).
+  {
+    static_assert(kThreads % 32 == 0, "whole warps: lane * kWarps + warp covers [0, kThreads)");
+    constexpr int kWarps = kThreads / 32;
+    const int P = base + T;
+    for (int idx = lane * kWarps + warp; idx < nheads_block * T; idx += kThreads) {
+      const int hl = idx / T, k = idx % T, t = base + k;
       const float A = As[hl];
+      float* Wk = W + (hl * Tmax + k) * L;
+      for (int j = t + 1; j < P; ++j) Wk[j] = 0.f;
       float suffix = 0.f;
-      for (int i = t; i > j; --i) suffix += dt_at(hl, i);
-      w = expf(A * suffix) * dt_at(hl, j) * bc[k * L + j];
-      if (j == 0) deck[hl * Tmax + k] = expf(A * (suffix + dt_at(hl, 0)));
+#pragma unroll 4
+      for (int j = t; j >= 0; --j) {
+        const float dtj = dt_at(hl, j);
+        Wk[j] = expf(A * suffix) * dtj * bc[k * L + j];
+        if (j == 0) deck[hl * Tmax + k] = expf(A * (suffix + dtj));
+        suffix += dtj;
+      }
     }
-    W[(hl * Tmax + k) * L + j] = w;
   }
   if (early) {
     for (int idx = threadIdx.x; idx < nheads_block * w0; idx += kThreads) {
