@@ -42,6 +42,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "../common/cuda_utils.cuh"
@@ -389,20 +390,24 @@ void launch_mamba2_step(const Mamba2StepParams& p, cudaStream_t stream) {
 template <typename state_t, typename act_t, int kN>
 bool mamba2_step_prefers_unroll8(const Mamba2StepParams& p) {
   constexpr int kThreads = 128, kMaxDevices = 64;
-  static int resident4[kMaxDevices], resident8[kMaxDevices];  // blocks an SM, per device (0: not yet asked)
+  // Blocks an SM, per device (0: not yet asked). Atomics (relaxed): host threads may launch on one device at once;
+  // each writes the same values, and a reader that sees 0 asks again.
+  static std::atomic<int> cached4[kMaxDevices], cached8[kMaxDevices];
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   if (device >= kMaxDevices) return false;
-  if (resident4[device] == 0 || resident8[device] == 0) {
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident4[device], mamba2_step_kernel<state_t, act_t, kN, kThreads, 4, 0>,
-                                                             kThreads, 0), "mamba2_step occupancy");
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident8[device], mamba2_step_kernel<state_t, act_t, kN, kThreads, 8, 0>,
-                                                             kThreads, 0), "mamba2_step occupancy");
+  int r4 = cached4[device].load(std::memory_order_relaxed), r8 = cached8[device].load(std::memory_order_relaxed);
+  if (r4 == 0 || r8 == 0) {
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r4, mamba2_step_kernel<state_t, act_t, kN, kThreads, 4, 0>, kThreads, 0),
+               "mamba2_step occupancy");
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r8, mamba2_step_kernel<state_t, act_t, kN, kThreads, 8, 0>, kThreads, 0),
+               "mamba2_step occupancy");
+    cached4[device].store(r4, std::memory_order_relaxed), cached8[device].store(r8, std::memory_order_relaxed);
   }
   constexpr int kRows4 = RowLayout<state_t, kN, kThreads, 4>::kRowsPerIter, kRows8 = RowLayout<state_t, kN, kThreads, 8>::kRowsPerIter;
   const int rows4 = mamba2_step_rows_per_block(p, kRows4), rows8 = mamba2_step_rows_per_block(p, kRows8);
   auto blocks = [&](int rows) { return int64_t((p.headdim + rows - 1) / rows) * p.nheads * p.batch; };
-  const int64_t wave4 = int64_t(resident4[device]) * num_sms(), wave8 = int64_t(resident8[device]) * num_sms();
+  const int64_t wave4 = int64_t(r4) * num_sms(), wave8 = int64_t(r8) * num_sms();
   return rows4 > kRows4 && !(blocks(rows4) <= wave4 && blocks(rows8) > wave8);
 }
 
