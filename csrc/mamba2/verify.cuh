@@ -8,7 +8,7 @@
 // Grid (row chunks of a group, G, batch), like the replay step, and the same streaming: the checkpoint rows
 // pass through a cp.async staging ring of kStages stages, the window's inputs and the committed ring entries
 // are staged into shared-memory tiles (one cp.async group) while the first stages are in flight, the block's
-// scalars (B_j . C_k, 8 lanes per pair, and the decay weights, a thread per (head, k, j), folded into one table
+// scalars (B_j . C_k, 8 lanes per pair, and the decay weights, a thread per (head, k) running j down, folded into one table
 // W) are formed once, the ring's part of every output once per row (a thread per row, into yr), and the row
 // loop then only dots each streamed row with the C_k (kTok tokens at a time, one reduce-scatter). A block counts in on the slot's arrival counter once every
 // thread has read the cursor. The slot's last block to arrive writes the window's B and dt into the ring and the
