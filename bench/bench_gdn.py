@@ -60,13 +60,16 @@ def make_inputs(batch, n_layers, L, shape, gen, device):
                   out=torch.empty(batch, HV, V, dtype=ACT, device=device)) for _ in range(n_layers)] for _ in range(L)]
 
 
-def replay_caches(batch, n_layers, L, shape, gen, inputs, A_log, dt_bias, slots, view, aligned=False, device="cuda"):
-    """Fresh caches (with the bf16 output view when view is set), cursors staggered (all at 0 when aligned), and the
-    function that runs the replay step over one full cycle on them."""
+def replay_caches(batch, n_layers, L, shape, gen, inputs, A_log, dt_bias, slots, view, aligned=False, device="cuda",
+                  align_folds=None):
+    """Fresh caches (with the bf16 output view when view is set; align_folds as the cache's option, None: its
+    default), cursors staggered (all at 0 when aligned), and the function that runs the replay step over one full
+    cycle on them (run once already where the folds align: common.settle)."""
     HV, H, K, V = shape
     caches = []
     for _ in range(n_layers):
-        cache = GdnReplayCache.allocate(batch, HV, H, K, V, ring_len=L, output_view=view, device=device)
+        cache = GdnReplayCache.allocate(batch, HV, H, K, V, ring_len=L, output_view=view, align_folds=align_folds,
+                                        device=device)
         common.fill_cache(cache, L, gen, aligned)
         caches.append(cache)
 
@@ -75,6 +78,7 @@ def replay_caches(batch, n_layers, L, shape, gen, inputs, A_log, dt_bias, slots,
             for cache, t in zip(caches, step):
                 replayssm.gdn_replay_step(cache, t["q"], t["k"], t["v"], t["a"], t["b"], A_log, slot_ids=slots,
                                           dt_bias=dt_bias, out=t["out"])
+    common.settle(caches, replay_cycle)
     return caches, replay_cycle
 
 
@@ -125,6 +129,10 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False, layers=None,
                 all_caches[name], fns[name] = caches, replay_cycle
                 if kind_tuned:
                     fns.update(common.tune_entries(replay_cycle, name, REPLAY_TUNES if view is None else VIEW_TUNES))
+                    label, align = common.fold_align_entry(view)
+                    common.add_variant(fns, all_caches, name, label,
+                                       *replay_caches(batch, n_layers, L, shape, gen, inputs, A_log, dt_bias, slots, view,
+                                                      device=device, align_folds=align))
     before = common.cursors_of(all_caches)
     if smoke:
         times = {name: (fns[name](), 0.0)[1] for name in ("standard", "replay", "replay_view")}

@@ -141,6 +141,9 @@ def bench_batch(batch, L, ssu, gen, tune=False, layers=None, tune_kinds=("step",
             fns.update(common.tune_entries(fns[name], name, tunes))
             common.add_aligned(fns, all_caches, name, *replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view,
                                                                     aligned=True))
+            label, align = common.fold_align_entry(view)
+            common.add_variant(fns, all_caches, name, label, *replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw,
+                                                                           view, align_folds=align))
     before = common.cursors_of(all_caches)
     times, spreads = common.time_interleaved(fns)
     common.decode_times(result, times, per, tune, "mamba_ssm", all_caches, before)
@@ -150,12 +153,14 @@ def bench_batch(batch, L, ssu, gen, tune=False, layers=None, tune_kinds=("step",
     return result
 
 
-def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view, aligned=False):
-    """Fresh caches (with the bf16 output view when view is set), cursors staggered (all at 0 when aligned), and the
-    function that runs the replay step over one full cycle on them."""
+def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view, aligned=False, align_folds=None):
+    """Fresh caches (with the bf16 output view when view is set; align_folds as the cache's option, None: its
+    default), cursors staggered (all at 0 when aligned), and the function that runs the replay step over one full
+    cycle on them (run once already where the folds align: common.settle)."""
     caches = []
     for _ in range(n_layers):
-        cache = Mamba2ReplayCache.allocate(batch, H, P, G, N, ring_len=L, act_dtype=ACT, output_view=view, device="cuda")
+        cache = Mamba2ReplayCache.allocate(batch, H, P, G, N, ring_len=L, act_dtype=ACT, output_view=view,
+                                           align_folds=align_folds, device="cuda")
         common.fill_cache(cache, L, gen, aligned)
         caches.append(cache)
 
@@ -164,6 +169,7 @@ def replay_caches(batch, n_layers, L, gen, inputs, A, slots, kw, view, aligned=F
             for cache, t in zip(caches, step):
                 replayssm.mamba2_replay_step(cache, t["x"], t["dt"], A, t["B"], t["C"], z=t["z"], slot_ids=slots,
                                              out=t["out"], **kw)
+    common.settle(caches, replay_cycle)
     return caches, replay_cycle
 
 

@@ -157,8 +157,28 @@ ALIGNED = "cursors_aligned"
 def add_aligned(fns: dict, all_caches: dict, kind: str, caches: list, cycle: Callable[[], None]) -> None:
     """Times `cycle` on caches whose cursors all start at 0, as kind's alternative ALIGNED (same bytes per cycle as
     staggered cursors): what staggered cursors cost, through the folding rows' blocks straggling (common/fold_order.cuh)."""
-    all_caches[f"{kind}|{ALIGNED}"] = caches
-    fns[(kind, ALIGNED)] = (cycle, None)
+    add_variant(fns, all_caches, kind, ALIGNED, caches, cycle)
+
+
+def add_variant(fns: dict, all_caches: dict, kind: str, label: str, caches: list, cycle: Callable[[], None]) -> None:
+    """Times `cycle` on its own caches as kind's alternative `label` (e.g. fold_align_entry's)."""
+    all_caches[f"{kind}|{label}"] = caches
+    fns[(kind, label)] = (cycle, None)
+
+
+def fold_align_entry(view) -> tuple:
+    """The alternative to a cache kind's default fold alignment (replayssm/cache.py, "Aligned folds"): (label,
+    align_folds) — plain caches align by default (entry fold_align=0: each row folds when its ring fills), view
+    caches do not (fold_align=1)."""
+    return ("fold_align=0", False) if view is None else ("fold_align=1", True)
+
+
+def settle(caches: list, cycle: Callable[[], None]) -> None:
+    """Caches with aligned folds start from staggered cursors like the others; one cycle, run once before timing,
+    passes a phase boundary, where every row folds (early, once) and from where all fold at the same step: what a
+    serving batch whose sequences joined at different tokens converges to. Timed cycles start there."""
+    if any(c.fold_phase is not None for c in caches):
+        cycle()
 
 
 def cursors_of(all_caches: dict) -> dict:

@@ -15,12 +15,13 @@ TORCH_LIBRARY(replayssm, m) {
       "mamba2_step(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
       "Tensor? dt_bias, bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor(b!) out, "
       "Tensor? dst_slot_ids=None) -> ()");
-  // Replay decode step: output from checkpoint + ring; appends to the ring, or folds when it is full.
+  // Replay decode step: output from checkpoint + ring; appends to the ring, or folds when it is full (or, with the
+  // cache's fold_phase, when the phase says so: aligned folds, common/math.h).
   m.def(
       "mamba2_replay_step(Tensor(a!) checkpoint, Tensor(b!) ring_x, Tensor(c!) ring_B, Tensor(d!) ring_dt, "
       "Tensor(e!) cursor, Tensor(f!) arrivals, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, "
       "Tensor? dt_bias, bool dt_softplus, float dt_min, float dt_max, Tensor slot_ids, Tensor(g!) out, "
-      "Tensor(h!)? view=None, Tensor? sr_seed=None, Tensor(i!)? fold_count=None) -> ()");
+      "Tensor(h!)? view=None, Tensor? sr_seed=None, Tensor(i!)? fold_count=None, Tensor(j!)? fold_phase=None) -> ()");
   // Round x to dtype stochastically (Philox keyed by seed, counter (element, fold)): the folds' rounding, exposed.
   m.def("stochastic_round(Tensor x, int seed, int fold, ScalarType dtype) -> Tensor");
   // The state of each slot at its cursor, or at a committed position (<= cursor), fp32, into out.
@@ -52,12 +53,13 @@ TORCH_LIBRARY(replayssm, m) {
   m.def(
       "gdn_step(Tensor(a!) state, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor? dt_bias, "
       "bool l2norm, float scale, Tensor slot_ids, Tensor(b!) out) -> ()");
-  // Replay step: output from checkpoint + ring (u, k, g); appends to the ring, or folds when it is full.
+  // Replay step: output from checkpoint + ring (u, k, g); appends to the ring, or folds when it is full (or at the
+  // fold_phase, as for Mamba-2).
   m.def(
       "gdn_replay_step(Tensor(a!) checkpoint, Tensor(b!) ring_u, Tensor(c!) ring_k, Tensor(d!) ring_g, Tensor(e!) cursor, "
       "Tensor(f!) arrivals, Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, Tensor? dt_bias, bool l2norm, "
       "float scale, Tensor slot_ids, Tensor(g!) out, Tensor(h!)? view=None, Tensor? sr_seed=None, "
-      "Tensor(i!)? fold_count=None) -> ()");
+      "Tensor(i!)? fold_count=None, Tensor(j!)? fold_phase=None) -> ()");
   // Speculative verification of T tokens per row (q: (batch, T, H, K)); commit with mamba2_replay_commit.
   m.def(
       "gdn_replay_verify(Tensor(a!) checkpoint, Tensor(b!) ring_u, Tensor(c!) ring_k, Tensor(d!) ring_g, Tensor(e!) cursor, "

@@ -8,10 +8,25 @@ Layouts (s slots, L ring length, H heads, P head dim, G groups, N state size):
     ring_dt    (s, L, H)      fp32: their processed dt (after bias, softplus and limits)
     cursor     (s,) int32     how many tokens the ring holds; advanced by the replay step on the device
     arrivals   (s,) int32     zero between steps; the CUDA kernel's blocks count in on it to advance cursors
+    fold_phase (2,) int32     or None: the aligned folds' phase (below) and a count the CUDA kernels keep (zero
+                              between steps)
 
 A step with cursor w reads ring positions 0..w-1 and writes position w, or, when w + 1 == L, folds: the
 checkpoint becomes the state after the token and the cursor returns to 0. So the checkpoint is written
 once every L tokens and the ring is small beside it (P + N/(H/G) + 1 values per token and head).
+
+Aligned folds (``fold_phase``, the default for caches without an output view). The cache keeps a phase p that
+each replay step advances by one (mod L); a step folds a row when its ring fills *or* when p == L - 1 (an early
+fold of the w tokens the ring holds: the same formula, any w). So rows that start at different cursors (sequences
+that joined the batch at different tokens) fold together from the first phase boundary on, at most one extra
+fold each, and then every L-th step folds every row while the others fold none. Why: with staggered cursors every
+step folds 1/L of the rows, and a folding row's blocks take ~2.5x a plain row's, so at batches whose grid is
+resident at once (up to ~32-128 rows) every launch lasts as long as its folding blocks; aligned, the same bytes
+ran 1-8% faster per step at batch 3-128 (the benchmarks' ``cursors_aligned`` entries, bench/NOTES.md "Session 42").
+With an output view the folds cost ~5-7x a plain row and the fold-first order (common/fold_order.cuh) spreads
+them better than aligning (aligned was 1.5-2.6% slower at batch 128-256), so view caches do not align unless asked.
+The phase advances once per call: a cache stepped in several calls per token (sub-batches) should not align.
+The verify and commit ops neither read nor advance it (their cursors move by accepted counts).
 """
 from __future__ import annotations
 
@@ -23,6 +38,15 @@ import torch
 MIN_RING_LEN = 2
 MAX_RING_LEN = 64
 DEFAULT_RING_LEN = 16
+
+
+def fold_phase_tensor(align_folds: Optional[bool], output_view, device) -> Optional[torch.Tensor]:
+    """The aligned folds' (2,) int32 [phase, count] (both 0), or None; align_folds None: align without a view."""
+    if align_folds is None:
+        align_folds = output_view is None
+    if not isinstance(align_folds, bool):
+        raise ValueError(f"align_folds must be None, True or False, got {align_folds!r}")
+    return torch.zeros(2, dtype=torch.int32, device=device) if align_folds else None
 
 
 def split_tensors(num_slots, state_shape, checkpoint_dtype, output_view, rounding, seed, device):
@@ -61,6 +85,8 @@ class Mamba2ReplayCache:
     fold_count: Optional[torch.Tensor] = None
     # Tokens of the last verify not yet committed, per slot: commit checks/clamps accepted counts with it.
     pending: Optional[torch.Tensor] = None
+    # Aligned folds (module docstring): [phase, CUDA count], or None.
+    fold_phase: Optional[torch.Tensor] = None
 
     @classmethod
     def allocate(
@@ -77,6 +103,7 @@ class Mamba2ReplayCache:
         output_view: Optional[torch.dtype] = None,
         rounding: str = "nearest",
         seed: int = 0,
+        align_folds: Optional[bool] = None,
         device: torch.device | str = "cpu",
     ) -> "Mamba2ReplayCache":
         """A cache of ``num_slots`` empty slots (zero checkpoints, empty rings).
@@ -84,7 +111,9 @@ class Mamba2ReplayCache:
         output_view=torch.bfloat16 keeps a bf16 copy of the checkpoint that every replay step reads for its
         output instead of the master; the master is then touched only at folds (on CUDA: of an fp32 checkpoint).
         rounding="stochastic" (bf16/fp16 checkpoint) rounds the checkpoint at folds stochastically with Philox,
-        seeded per slot from ``seed``: reproducible, unbiased, the same on the CPU and the GPU."""
+        seeded per slot from ``seed``: reproducible, unbiased, the same on the CPU and the GPU.
+        align_folds (default: True without an output view, False with one) gives the cache a fold phase, so that
+        the replay step folds every row at the same step (module docstring, "Aligned folds")."""
         if not MIN_RING_LEN <= ring_len <= MAX_RING_LEN:
             raise ValueError(f"ring_len must be in [{MIN_RING_LEN}, {MAX_RING_LEN}], got {ring_len}")
         if nheads % ngroups:
@@ -104,6 +133,7 @@ class Mamba2ReplayCache:
             sr_seed=sr_seed,
             fold_count=fold_count,
             pending=torch.zeros(num_slots, dtype=torch.int32, **kw),
+            fold_phase=fold_phase_tensor(align_folds, output_view, device),
         )
 
     @property
@@ -165,6 +195,7 @@ class GdnReplayCache:
         ring_k     (s, L, H, K)   fp32: the normalised keys, per key head
         ring_g     (s, L, HV)     fp32: the log-decays
         cursor, arrivals (s,)     int32, as for Mamba-2
+        fold_phase (2,)           int32 or None: aligned folds, as for Mamba-2 (the default without a view)
     The ring is fp32 so that folding it reproduces the sequential state exactly: no activation rounding
     enters the history (it costs (V + K/(HV/H) + 1) * 4 bytes per token and value head, ~1% of the state).
     """
@@ -182,12 +213,14 @@ class GdnReplayCache:
     view: Optional[torch.Tensor] = None
     sr_seed: Optional[torch.Tensor] = None
     fold_count: Optional[torch.Tensor] = None
+    fold_phase: Optional[torch.Tensor] = None  # aligned folds, as for Mamba-2
 
     @classmethod
     def allocate(cls, num_slots: int, nheads: int, nkheads: int, kdim: int, vdim: int, *, ring_len: int = DEFAULT_RING_LEN,
                  checkpoint_dtype: torch.dtype = torch.float32, output_view: Optional[torch.dtype] = None,
-                 rounding: str = "nearest", seed: int = 0, device: torch.device | str = "cpu") -> "GdnReplayCache":
-        """Options as :meth:`Mamba2ReplayCache.allocate` (``output_view``, ``rounding``, ``seed``)."""
+                 rounding: str = "nearest", seed: int = 0, align_folds: Optional[bool] = None,
+                 device: torch.device | str = "cpu") -> "GdnReplayCache":
+        """Options as :meth:`Mamba2ReplayCache.allocate` (``output_view``, ``rounding``, ``seed``, ``align_folds``)."""
         if not MIN_RING_LEN <= ring_len <= MAX_RING_LEN:
             raise ValueError(f"ring_len must be in [{MIN_RING_LEN}, {MAX_RING_LEN}], got {ring_len}")
         if nheads % nkheads:
@@ -203,6 +236,7 @@ class GdnReplayCache:
             cursor=torch.zeros(num_slots, dtype=torch.int32, device=device),
             arrivals=torch.zeros(num_slots, dtype=torch.int32, device=device),
             pending=torch.zeros(num_slots, dtype=torch.int32, device=device),
+            fold_phase=fold_phase_tensor(align_folds, output_view, device),
         )
 
     @property

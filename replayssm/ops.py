@@ -76,7 +76,9 @@ def mamba2_replay_step(
     """Replay Mamba-2 decode step: the same outputs as :func:`mamba2_step` on the same history, computed
     from the slot's checkpoint and ring without writing the checkpoint. The token is appended to the ring
     and the slot's cursor advances; when the ring is full the step folds instead (checkpoint <- state after
-    this token, cursor <- 0), so the checkpoint is written once every ``cache.ring_len`` tokens.
+    this token, cursor <- 0), so the checkpoint is written once every ``cache.ring_len`` tokens. With the cache's
+    aligned folds (``cache.fold_phase``, the default without an output view) a row also folds, early, at the
+    cache's phase boundary, so that every row folds at the same step (replayssm/cache.py, "Aligned folds").
     Arguments as for :func:`mamba2_step`; x and B must have the cache's activation dtype.
     A cache is driven either by this step or by verify/commit: after a commit the cursor may equal ring_len,
     which this step rejects (on the GPU as a device-side assert); use :func:`mamba2_replay_verify` with T = 1
@@ -87,7 +89,7 @@ def mamba2_replay_step(
     torch.ops.replayssm.mamba2_replay_step(
         cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, cache.arrivals,
         x, dt, A, B, C, D, z, dt_bias, dt_softplus, float(dt_limit[0]), float(dt_limit[1]), slot_ids, out,
-        cache.view, cache.sr_seed, cache.fold_count,
+        cache.view, cache.sr_seed, cache.fold_count, cache.fold_phase,
     )
     return out
 
@@ -190,7 +192,8 @@ def gdn_step(state, q, k, v, a, b, A_log, *, slot_ids, dt_bias=None, l2norm=True
 def gdn_replay_step(cache: GdnReplayCache, q, k, v, a, b, A_log, *, slot_ids, dt_bias=None, l2norm=True, scale=None,
                     out=None):
     """Replay Gated DeltaNet step: the outputs of :func:`gdn_step` on the same history, from the checkpoint and
-    the ring (u, k, g); appends the token, or folds when the ring is full. Arguments as :func:`gdn_step`. Caches
+    the ring (u, k, g); appends the token, or folds when the ring is full (or, aligned, at the cache's phase
+    boundary: :func:`mamba2_replay_step`). Arguments as :func:`gdn_step`. Caches
     with the numerical split (``output_view``, ``rounding="stochastic"``) on the CPU and CUDA (on CUDA the view
     must be of an fp32 checkpoint; tested on an H200 against the CPU)."""
     if out is None:
@@ -198,7 +201,7 @@ def gdn_replay_step(cache: GdnReplayCache, q, k, v, a, b, A_log, *, slot_ids, dt
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     torch.ops.replayssm.gdn_replay_step(cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor,
                                         cache.arrivals, q, k, v, a, b, A_log, dt_bias, l2norm, float(scale), slot_ids, out,
-                                        cache.view, cache.sr_seed, cache.fold_count)
+                                        cache.view, cache.sr_seed, cache.fold_count, cache.fold_phase)
     return out
 
 
@@ -250,7 +253,8 @@ def _mamba2_step_fake(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min,
 
 @torch.library.register_fake("replayssm::mamba2_replay_step")
 def _mamba2_replay_step_fake(checkpoint, ring_x, ring_B, ring_dt, cursor, arrivals, x, dt, A, B, C, D, z, dt_bias,
-                             dt_softplus, dt_min, dt_max, slot_ids, out, view=None, sr_seed=None, fold_count=None):
+                             dt_softplus, dt_min, dt_max, slot_ids, out, view=None, sr_seed=None, fold_count=None,
+                             fold_phase=None):
     return None
 
 
@@ -293,7 +297,7 @@ def _gdn_step_fake(state, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids
 
 @torch.library.register_fake("replayssm::gdn_replay_step")
 def _gdn_replay_step_fake(checkpoint, ring_u, ring_k, ring_g, cursor, arrivals, q, k, v, a, b, A_log, dt_bias, l2norm, scale,
-                          slot_ids, out, view=None, sr_seed=None, fold_count=None):
+                          slot_ids, out, view=None, sr_seed=None, fold_count=None, fold_phase=None):
     return None
 
 

@@ -56,6 +56,28 @@ class Layer:
         return R.mamba2_step(state64, tok["x"], dt, cpu(self.A), tok["B"], tok["C"], cpu(self.D), tok["z"])
 
 
+class FoldModel:
+    """The fold steps and cursors a replay cache's replay step gives (replayssm/cache.py, "Aligned folds"): a row folds
+    when its ring fills, or, with the cache's fold phase, when the phase is at ring_len - 1; the phase advances once
+    per call."""
+
+    def __init__(self, cache, num_slots=None):
+        self.L = cache.ring_len
+        self.cursor = cache.cursor.cpu().tolist() if num_slots is None else [0] * num_slots
+        self.phase = None if cache.fold_phase is None else int(cache.fold_phase[0])
+
+    def step(self, slots):
+        """Advances the slots stepped in one call (an iterable of slot ids); returns {slot: folds}."""
+        phase_folds = self.phase is not None and self.phase + 1 == self.L
+        folds = {}
+        for s in slots:
+            folds[s] = self.cursor[s] + 1 == self.L or phase_folds
+            self.cursor[s] = 0 if folds[s] else self.cursor[s] + 1
+        if self.phase is not None:
+            self.phase = (self.phase + 1) % self.L
+        return folds
+
+
 def clone_cache(cache):
     """A copy of a replay cache (any of the package's cache dataclasses) with every tensor cloned."""
     return dataclasses.replace(cache, **{k: v.clone() for k, v in vars(cache).items() if isinstance(v, torch.Tensor)})

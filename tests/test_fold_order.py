@@ -18,10 +18,10 @@ from helpers import Layer
 L = 4
 
 
-def _mamba2(num_slots, view, gen, H=4, P=16, G=2, N=32):
+def _mamba2(num_slots, view, gen, H=4, P=16, G=2, N=32, align_folds=False):
     layer = Layer(H, P, G, N, "cuda", gen)
     cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=torch.bfloat16, device="cuda",
-                                       output_view=torch.bfloat16 if view else None)
+                                       output_view=torch.bfloat16 if view else None, align_folds=align_folds)
 
     def step(cache, batch, ids, out_like, tok):
         out = torch.full_like(out_like, float("nan"))
@@ -31,12 +31,12 @@ def _mamba2(num_slots, view, gen, H=4, P=16, G=2, N=32):
     return cache, step, lambda batch: layer.token(batch, torch.bfloat16, gen), "x"
 
 
-def _gdn(num_slots, view, gen):
+def _gdn(num_slots, view, gen, align_folds=False):
     HV, H, K, V = 4, 2, 32, 32
     A_log = (torch.rand(HV, generator=gen) * 2.7).cuda()
     dt_bias = (torch.rand(HV, generator=gen) - 4.0).cuda()
     cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device="cuda",
-                                    output_view=torch.bfloat16 if view else None)
+                                    output_view=torch.bfloat16 if view else None, align_folds=align_folds)
 
     def token(batch):
         rnd = lambda *s: torch.randn(batch, *s, generator=gen).to("cuda", torch.bfloat16)
@@ -66,12 +66,15 @@ def _assert_same_cache(a, b, where):
 @pytest.mark.parametrize("view", [False, True], ids=["plain", "view"])
 @pytest.mark.parametrize("batch", [70, 1100])  # one chunk of the order kernel's 1024 threads, and two
 @pytest.mark.parametrize("model", ["mamba2", "gdn"])
-def test_cuda_fold_first_order_changes_no_bit(monkeypatch, model, batch, view):
+@pytest.mark.parametrize("align_folds", [False, True], ids=["ring-full", "aligned"])
+def test_cuda_fold_first_order_changes_no_bit(monkeypatch, model, batch, view, align_folds):
+    """(aligned: the caches' fold phase starts part-way through its cycle; the order kernel marks every row at the
+    phase boundary, and the rows whose ring fills before it.)"""
     gen = torch.Generator()
     gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
     num_slots = batch + 5
-    _check_paths(monkeypatch, gen, batch, (_mamba2 if model == "mamba2" else _gdn)(num_slots, view, gen),
-                 view and model == "mamba2")
+    made = (_mamba2 if model == "mamba2" else _gdn)(num_slots, view, gen, align_folds=align_folds)
+    _check_paths(monkeypatch, gen, batch, made, view and model == "mamba2")
 
 
 # The Mamba-2 view's loops at shapes where a block runs more row iterations than the staged master has stages (3:
@@ -105,6 +108,9 @@ def _check_paths(monkeypatch, gen, batch, made, lean_fold, extra=""):
     if cache.view is not None:
         cache.view.copy_(cache.checkpoint)
     cache.cursor.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))  # staggered
+    aligned = cache.fold_phase is not None
+    if aligned:
+        cache.fold_phase[0] = int(torch.randint(1, L, (), generator=gen))  # (a boundary within the steps below)
     twin = _clone(cache)
     # A Mamba-2 view: a third copy, in the fold-first order with the folding rows reading the view.
     others = {t: _clone(cache) for t in ("view_fold_lean=0",)} if lean_fold else {}
@@ -114,7 +120,7 @@ def _check_paths(monkeypatch, gen, batch, made, lean_fold, extra=""):
     ids = ids.cuda()
     for t in range(2 * L + 1):
         folding = int((cache.cursor[ids[live.cuda()].long()] == L - 1).sum())
-        assert 0 < folding < int(live.sum()), t  # (staggered cursors: some rows fold at every step, not all)
+        assert aligned or 0 < folding < int(live.sum()), t  # (staggered cursors: some rows fold at every step, not all)
         tok = token(batch)
         monkeypatch.setenv("REPLAYSSM_TUNE", "replay_fold_first=1" + extra)
         out_first = step(cache, batch, ids, tok[out_key], tok)
@@ -129,6 +135,8 @@ def _check_paths(monkeypatch, gen, batch, made, lean_fold, extra=""):
         assert torch.equal(out_first[live], out_grid[live]), t
         assert out_first[~live].isnan().all() and out_grid[~live].isnan().all(), t
         _assert_same_cache(cache, twin, t)
+    if aligned:  # (the phase boundary passed: every live row at the phase)
+        assert set(cache.cursor[ids[live.cuda()].long()].tolist()) == {int(cache.fold_phase[0])}
 
 
 # An fp32 checkpoint's folding steps run two row iterations per trip in grids past one resident wave (REPLAYSSM_TUNE
@@ -161,7 +169,8 @@ def test_cuda_fold_pair_changes_no_bit(monkeypatch, model, rows, dim, act_dtype,
     if model == "mamba2":
         H, P, G, N = 8, 64, 2, dim
         layer = Layer(H, P, G, N, "cuda", gen)
-        cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=act_dtype, device="cuda")
+        cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=act_dtype, align_folds=False,
+                                           device="cuda")
         knob = "replay_rows"
 
         def token(batch):
@@ -175,7 +184,7 @@ def test_cuda_fold_pair_changes_no_bit(monkeypatch, model, rows, dim, act_dtype,
         HV, H, K, V = 4, 2, dim, 128
         A_log = (torch.rand(HV, generator=gen) * 2.7).cuda()
         dt_bias = (torch.rand(HV, generator=gen) - 4.0).cuda()
-        cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device="cuda")
+        cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, align_folds=False, device="cuda")
         knob = "gdn_replay_rows"
 
         def token(batch):

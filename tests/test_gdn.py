@@ -10,7 +10,7 @@ import replayssm
 from replayssm import PAD_SLOT, GdnReplayCache
 from replayssm import reference as R
 
-from helpers import (DTYPES, UNIT_ROUNDOFF, assert_chains_agree, assert_only_batch_slots_moved,
+from helpers import (DTYPES, UNIT_ROUNDOFF, FoldModel, assert_chains_agree, assert_only_batch_slots_moved,
                      clone_cache, rel_err, run_chain, token_inputs, tolerance)
 
 
@@ -79,7 +79,8 @@ def test_reference_replay_and_verify_forms_equal_the_delta_rule():
 
 @pytest.mark.parametrize("act_dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_step_and_replay_match_the_delta_rule_across_folds(device, act_dtype, state_dtype):
+@pytest.mark.parametrize("align_folds", [True, False], ids=["aligned", "ring-full"])
+def test_step_and_replay_match_the_delta_rule_across_folds(device, act_dtype, state_dtype, align_folds):
     needs_kernel(device, "gdn_replay_step")
     gen = make_gen()
     HV, H, K, V, L = 4, 2, 16, 8, 5
@@ -88,11 +89,12 @@ def test_step_and_replay_match_the_delta_rule_across_folds(device, act_dtype, st
     slots = torch.randperm(num_slots, generator=gen)[:batch]
     init = torch.randn(num_slots, HV, V, K, generator=gen) * 0.3
     pool = init.to(device, state_dtype)
-    cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, checkpoint_dtype=state_dtype, device=device)
+    cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, checkpoint_dtype=state_dtype, align_folds=align_folds,
+                                    device=device)
     cache.checkpoint.copy_(init)
     ref_std = init.to(state_dtype).double()
     ref_rep = ref_std.clone()
-    cursor = [0] * num_slots
+    model = FoldModel(cache)
     join_at = [0, 2, 3, -1]  # rows at different cursors; row 3 is a pad row
     tol = tolerance(act_dtype, state_dtype)
     for t in range(T):
@@ -110,10 +112,10 @@ def test_step_and_replay_match_the_delta_rule_across_folds(device, act_dtype, st
         y_std, new_std = layer.reference_step(ref_std[sl], sub)
         y_rep, new_rep = layer.reference_step(ref_rep[sl], sub)
         ref_std[sl] = R.round_to(new_std, state_dtype)
+        folds = model.step(sl.tolist())
         for i, s in enumerate(sl.tolist()):
-            fold = cursor[s] + 1 == L
-            ref_rep[s] = R.round_to(new_rep[i], state_dtype) if fold else new_rep[i]
-            cursor[s] = 0 if fold else cursor[s] + 1
+            ref_rep[s] = R.round_to(new_rep[i], state_dtype) if folds[s] else new_rep[i]
+        assert cache.cursor.cpu()[sl].tolist() == [model.cursor[s] for s in sl.tolist()], t
         assert rel_err(out_std[active], y_std) < tol, t
         assert rel_err(out_rep[active], y_rep) < tol, t
         pad = [b for b in range(batch) if b not in active]
@@ -211,7 +213,7 @@ def test_cuda_launch_configurations_match_the_delta_rule(monkeypatch, tune):
     cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device="cuda")
     cache.checkpoint.copy_(init)
     ref_std, ref_rep = init.double(), init.double()
-    cursor = [0] * num_slots
+    model = FoldModel(cache)
     join_at = [0, 1, 3, -1]  # rows at different cursors; row 3 is a pad row
     tol = tolerance(torch.bfloat16, torch.float32)
     for t in range(T):
@@ -230,12 +232,12 @@ def test_cuda_launch_configurations_match_the_delta_rule(monkeypatch, tune):
         y_rep, new_rep = layer.reference_step(ref_rep[sl], sub)
         ref_std[sl] = new_std
         ref_rep[sl] = new_rep
-        for s in sl.tolist():
-            cursor[s] = 0 if cursor[s] + 1 == L else cursor[s] + 1
+        model.step(sl.tolist())
         assert rel_err(out_std[active], y_std) < tol, (t, tune)
         assert rel_err(out_rep[active], y_rep) < tol, (t, tune)
         assert torch.isnan(out_std[3]).all() and torch.isnan(out_rep[3]).all()
-        assert cache.cursor.cpu().tolist() == cursor, (t, tune)
+        assert cache.cursor.cpu().tolist() == model.cursor, (t, tune)
+        assert cache.fold_phase.tolist() == [model.phase, 0], (t, tune)
         assert not cache.arrivals.any(), (t, tune)
     sl = slots[[0, 1, 2]]
     state_tol = 4 * UNIT_ROUNDOFF[torch.float32] + 2e-5
@@ -633,7 +635,8 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
     dict(HV=32, H=16, V=128, L=16),
 ], ids=lambda c: "HV{HV}H{H}V{V}L{L}".format(**c))
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph):
+@pytest.mark.parametrize("align_folds", [True, False], ids=["aligned", "ring-full"])
+def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph, align_folds):
     """The small GDN replay-step kernel (csrc/gdn/replay_small.cuh: grids of at most two blocks per SM, e.g. batches 1-2)
     computes every output, checkpoint row, ring entry and cursor with the same fp32 operations in the same order as
     the general kernel's default layout for an fp32 checkpoint and bf16 activations (8 lanes a row): over 2L + 3
@@ -649,7 +652,9 @@ def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph):
     ids[3] = PAD_SLOT
     ids = ids.to(dev)
     layer = GdnLayer(HV, H, K, V, dev, gen)
-    cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device=dev)
+    cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, align_folds=align_folds, device=dev)
+    if align_folds:  # (a phase part-way through its cycle)
+        cache.fold_phase[0] = int(torch.randint(0, L, (), generator=gen))
     cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen) * 0.1)
     cache.ring_u.copy_(torch.randn(cache.ring_u.shape, generator=gen) * 0.1)
     cache.ring_k.copy_(torch.nn.functional.normalize(torch.randn(cache.ring_k.shape, generator=gen), dim=-1))
@@ -675,9 +680,13 @@ def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph):
     for k in want_state:
         assert torch.equal(got_state[k], want_state[k]), k
     assert (got_state["arrivals"] == 0).all()
-    before = cache.cursor.cpu()
     rows = ids[live].cpu().long()
-    assert got_state["cursor"].cpu()[rows].tolist() == ((before[rows] + tokens) % L).tolist()
+    model = FoldModel(cache)
+    for _ in range(tokens):
+        model.step(rows.tolist())
+    assert got_state["cursor"].cpu()[rows].tolist() == [model.cursor[s] for s in rows.tolist()]
+    if align_folds:
+        assert got_state["fold_phase"].tolist() == [model.phase, 0]
     # (and the pad slot's cache is untouched: only live slots' rows moved)
     pad_free = sorted(set(range(num_slots)) - set(rows.tolist()))
     for k in ("checkpoint", "ring_u", "ring_k", "ring_g", "cursor"):

@@ -12,7 +12,7 @@ from replayssm import PAD_SLOT, Mamba2ReplayCache
 from replayssm import reference as R
 
 from conftest import HAS_CUDA
-from helpers import (DTYPES, UNIT_ROUNDOFF, Layer, assert_chains_agree, assert_only_batch_slots_moved,
+from helpers import (DTYPES, UNIT_ROUNDOFF, FoldModel, Layer, assert_chains_agree, assert_only_batch_slots_moved,
                      clone_cache, rel_err, run_chain, token_inputs, tolerance)
 
 
@@ -28,7 +28,7 @@ def make_gen(seed=None):
 
 
 def run_sequence(device, *, H, P, N, G, L, batch, num_slots, T, act_dtype, state_dtype, gen, pad_rows=(),
-                 join_at=None, view_pool=False):
+                 join_at=None, view_pool=False, align_folds=None):
     """Decode T tokens with both ops side by side and with the float64 reference; return per-token errors.
 
     Row b is a pad row for tokens t < join_at[b] (so rows sit at different cursors) and for every token when
@@ -44,13 +44,13 @@ def run_sequence(device, *, H, P, N, G, L, batch, num_slots, T, act_dtype, state
     else:
         pool = init.to(device, state_dtype)
     cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=act_dtype,
-                                       checkpoint_dtype=state_dtype, device=device)
+                                       checkpoint_dtype=state_dtype, align_folds=align_folds, device=device)
     if view_pool:
         cache.checkpoint = torch.empty(num_slots, H + 2, P, N, dtype=state_dtype, device=device)[:, 1:H + 1]
     cache.checkpoint.copy_(init)
     ref_std = init.to(state_dtype).double()
     ref_rep = ref_std.clone()
-    cursor = [0] * num_slots
+    model = FoldModel(cache)
     join_at = join_at or [0] * batch
     errs = []
     for t in range(T):
@@ -74,25 +74,27 @@ def run_sequence(device, *, H, P, N, G, L, batch, num_slots, T, act_dtype, state
         y_ref, new_std = layer.reference_step(ref_std[sl], sub)
         y_ref_rep, new_rep = layer.reference_step(ref_rep[sl], sub)
         ref_std[sl] = R.round_to(new_std, state_dtype)
+        folds = model.step(sl.tolist())
         for i, s in enumerate(sl.tolist()):
-            fold = cursor[s] + 1 == L
-            ref_rep[s] = R.round_to(new_rep[i], state_dtype) if fold else new_rep[i]
-            cursor[s] = 0 if fold else cursor[s] + 1
+            ref_rep[s] = R.round_to(new_rep[i], state_dtype) if folds[s] else new_rep[i]
         errs.append(dict(std=rel_err(out_std[active], y_ref), rep=rel_err(out_rep[active], y_ref_rep),
                          std_vs_rep=rel_err(out_rep[active], out_std[active].double())))
         pad = [b for b in range(batch) if b not in active]
         if pad:  # pad rows' outputs are never written
             assert torch.isnan(out_std[pad]).all() and torch.isnan(out_rep[pad]).all()
-    return dict(errs=errs, pool=pool, cache=cache, ref_std=ref_std, ref_rep=ref_rep, cursor=cursor, slots=slots,
+    return dict(errs=errs, pool=pool, cache=cache, ref_std=ref_std, ref_rep=ref_rep, cursor=model.cursor, slots=slots,
                 layer=layer)
 
 
 @pytest.mark.parametrize("act_dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("state_dtype", DTYPES, ids=str)
-def test_replay_and_standard_match_reference_across_folds(device, act_dtype, state_dtype):
+@pytest.mark.parametrize("align_folds", [True, False], ids=["aligned", "ring-full"])
+def test_replay_and_standard_match_reference_across_folds(device, act_dtype, state_dtype, align_folds):
+    """Rows join at different tokens (different cursors); with aligned folds (the default) they fold early once, at
+    the first phase boundary, and then together; without, each when its ring fills."""
     L = 8
     res = run_sequence(device, H=8, P=16, N=32, G=2, L=L, batch=5, num_slots=9, T=3 * L + 5, act_dtype=act_dtype,
-                       state_dtype=state_dtype, gen=make_gen(), join_at=[0, 1, 3, 7, 2])
+                       state_dtype=state_dtype, gen=make_gen(), join_at=[0, 1, 3, 7, 2], align_folds=align_folds)
     tol = tolerance(act_dtype, state_dtype)
     worst = {k: max(e[k] for e in res["errs"]) for k in ("std", "rep", "std_vs_rep")}
     assert worst["std"] < tol, worst
@@ -240,7 +242,7 @@ def test_pad_rows_and_other_slots_untouched_byte_for_byte(device):
     ids = torch.tensor([3, PAD_SLOT, 0, PAD_SLOT], dtype=torch.int32, device=device)
     untouched = [1, 2, 4, 5]
     before_pool = pool.clone()
-    before_cache = {k: v.clone() for k, v in vars(cache).items() if v is not None}
+    before_cache = {k: v.clone() for k, v in vars(cache).items() if v is not None and k != "fold_phase"}  # (per slot)
     for step in range(2 * L):
         tok = layer.token(4, torch.bfloat16, gen)
         out = torch.full_like(tok["x"], float("nan"))
@@ -256,11 +258,16 @@ def test_pad_rows_and_other_slots_untouched_byte_for_byte(device):
         assert torch.equal(getattr(cache, name)[untouched], before[untouched]), name
 
 
-def test_checkpoint_is_written_only_on_fold_steps(device):
+@pytest.mark.parametrize("align_folds", [True, False], ids=["aligned", "ring-full"])
+def test_checkpoint_is_written_only_on_fold_steps(device, align_folds):
+    """Ring-full folds: each slot when its cursor reaches L - 1. Aligned folds (the default): also every slot at the
+    phase boundary (the phase starts at 0: steps L - 1, 2 L - 1, ...), after which the slots fold together."""
     gen = make_gen()
     H, P, N, G, L = 4, 8, 32, 2, 5
     layer = Layer(H, P, G, N, device, gen)
-    cache = Mamba2ReplayCache.allocate(4, H, P, G, N, ring_len=L, act_dtype=torch.float32, device=device)
+    cache = Mamba2ReplayCache.allocate(4, H, P, G, N, ring_len=L, act_dtype=torch.float32, align_folds=align_folds,
+                                       device=device)
+    assert (cache.fold_phase is not None) == align_folds
     cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen))
     cache.cursor.copy_(torch.tensor([0, 3, 4, 1], dtype=torch.int32))
     ids = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=device)
@@ -272,12 +279,18 @@ def test_checkpoint_is_written_only_on_fold_steps(device):
         replayssm.mamba2_replay_step(cache, tok["x"], tok["dt"], layer.A, tok["B"], tok["C"], slot_ids=ids,
                                      **layer.kwargs())
         for s in range(4):
-            fold = cur[s].item() == L - 1
+            fold = cur[s].item() == L - 1 or (align_folds and step % L == L - 1)
             changed = not torch.equal(cache.checkpoint[s], before[s])
             assert changed == fold, (step, s, cur[s].item())
             assert cache.cursor[s].item() == (0 if fold else cur[s].item() + 1)
             folds += fold
-    assert folds == 4 * 3  # every slot folds once per L tokens
+        if align_folds:
+            assert cache.fold_phase.tolist() == [(step + 1) % L, 0]
+            if step >= L - 1:  # aligned since the first boundary
+                assert cache.cursor.tolist() == [(step + 1) % L] * 4
+    # Ring-full: every slot once per L tokens. Aligned: before the boundary, slots 2, 1 and 3 as their rings fill (steps
+    # 0, 1, 3), then every slot at steps 4, 9 and 14.
+    assert folds == (4 * 3 if not align_folds else 3 + 4 * 3)
     assert torch.equal(cache.arrivals.cpu(), torch.zeros(4, dtype=torch.int32))
 
 
@@ -625,7 +638,8 @@ def test_cuda_pdl_launches_give_the_same_bits(monkeypatch, kind, graph, layers):
 ], ids=lambda c: "H{H}P{P}N{N}G{G}L{L}-{act}".format(**c).replace("torch.", ""))
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("arrive", ["", ",small_arrive=1", ",small_arrive=2"], ids=["arrive-default", "arrive1", "arrive2"])
-def test_cuda_small_replay_gives_v10_bits(monkeypatch, case, graph, arrive):
+@pytest.mark.parametrize("align_folds", [True, False], ids=["aligned", "ring-full"])
+def test_cuda_small_replay_gives_v10_bits(monkeypatch, case, graph, arrive, align_folds):
     """The small replay-step kernel (csrc/mamba2/replay_small.cuh: grids of at most two blocks per SM, e.g. batches 1-2)
     computes every output, checkpoint row, ring entry and cursor with the same fp32 operations in the same order as
     the general kernel (v10): over 2L + 3 tokens from random cursors (folds at every position of the cycle), with pad
@@ -640,8 +654,10 @@ def test_cuda_small_replay_gives_v10_bits(monkeypatch, case, graph, arrive):
     ids[3] = PAD_SLOT
     ids = ids.to(dev)
     layer = Layer(H, P, G, N, dev, gen)
-    cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=act, device=dev)
+    cache = Mamba2ReplayCache.allocate(num_slots, H, P, G, N, ring_len=L, act_dtype=act, align_folds=align_folds, device=dev)
     cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen) * 0.5)
+    if align_folds:  # (a phase part-way through its cycle)
+        cache.fold_phase[0] = int(torch.randint(0, L, (), generator=gen))
     for t in (cache.ring_x, cache.ring_B):
         t.copy_(torch.randn(t.shape, generator=gen))
     cache.ring_dt.copy_(torch.rand(cache.ring_dt.shape, generator=gen) * 0.1)
@@ -666,10 +682,14 @@ def test_cuda_small_replay_gives_v10_bits(monkeypatch, case, graph, arrive):
     for k in want_state[0]:
         assert torch.equal(got_state[0][k], want_state[0][k]), k
     assert (got_state[0]["arrivals"] == 0).all()
-    # (the folds happened: every live slot's cursor moved by tokens mod L)
-    before = cache.cursor.cpu()
+    # (the folds happened: every live slot's cursor moved as the fold rule says, and the phase with them)
     live = ids[[0, 1, 2, 4]].cpu().long()
-    assert got_state[0]["cursor"].cpu()[live].tolist() == ((before[live] + tokens) % L).tolist()
+    model = FoldModel(cache)
+    for _ in range(tokens):
+        model.step(live.tolist())
+    assert got_state[0]["cursor"].cpu()[live].tolist() == [model.cursor[s] for s in live.tolist()]
+    if align_folds:
+        assert got_state[0]["fold_phase"].tolist() == [model.phase, 0]
 
 
 @pytest.mark.cuda

@@ -21,18 +21,58 @@ constexpr int kOrderFolds = int(0x80000000u);
 __device__ __forceinline__ int order_row(int entry) { return entry & ~kOrderFolds; }
 __device__ __forceinline__ bool order_folds(int entry) { return entry < 0; }
 
-// order[0, batch): the rows whose slot folds at this step (cursor == ring_len - 1) in row order, marked with
+// ---- Aligned folds (common/math.h folds_at; the cache's fold_phase: [0] the phase, [1] a count, zero between
+// launches). Every block of a replay step reads the phase with its cursor (and consumes the load before it counts
+// in); the phase advances once per launch, after every block has read it:
+// * a launch of several rows: every block, pad rows' blocks too, counts in on fold_phase[1] beside its slot's
+//   arrival (issued together, the answer used at the end); the block that counts in last advances the phase and
+//   zeroes the count at its end;
+// * one row: no count; the row's last block (its slot's arrival) advances it, or, for a pad row, its first block.
+// No block writes the phase before every block has counted in, so all read the same value.
+__device__ __forceinline__ int read_fold_phase(const int* fold_phase) { return fold_phase ? __ldcg(fold_phase) : -1; }
+// (a branch on the value: the load is consumed before the block counts in)
+__device__ __forceinline__ void check_fold_phase(int phase, int ring_len, const char* kernel) {
+  RSSM_DEVICE_CHECK(phase >= -1 && phase < ring_len, "%s: fold_phase[0] = %d is outside [0, ring_len)", kernel, phase);
+}
+__device__ __forceinline__ int fold_phase_count_in(int* fold_phase, int rows) {
+  return fold_phase != nullptr && rows > 1 ? atomicAdd(fold_phase + 1, 1) : 0;
+}
+// Thread 0 at the block's end: `counted` its count_in's answer, `row_last` whether it arrived last for its slot.
+__device__ __forceinline__ void fold_phase_count_out(int* fold_phase, int rows, int counted, bool row_last, int phase, int ring_len) {
+  if (fold_phase == nullptr) return;
+  if (rows > 1 ? counted == int(gridDim.x * gridDim.y * gridDim.z) - 1 : row_last) {
+    fold_phase[1] = 0;
+    fold_phase[0] = next_phase(phase, ring_len);
+  }
+}
+// A pad row's block (all its threads call it; thread 0 acts): counts in, and advances the phase if last.
+__device__ __forceinline__ void fold_phase_pad_block(int* fold_phase, int rows, bool first_of_row, int ring_len) {
+  if (fold_phase == nullptr || threadIdx.x != 0) return;
+  if (rows > 1) {
+    if (atomicAdd(fold_phase + 1, 1) == int(gridDim.x * gridDim.y * gridDim.z) - 1) {  // (nobody writes before this)
+      fold_phase[1] = 0;
+      fold_phase[0] = next_phase(__ldcg(fold_phase), ring_len);
+    }
+  } else if (first_of_row) {
+    fold_phase[0] = next_phase(__ldcg(fold_phase), ring_len);
+  }
+}
+
+// order[0, batch): the rows whose slot folds at this step (folds_at: its ring fills, or the phase says so) in row
+// order, marked with
 // kOrderFolds, then the others (pad rows and out-of-range slots among them: the replay kernel skips or rejects
 // those). One block.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) fold_first_order_kernel(const void* slot_ids, bool slot_ids_int64, const int* cursor,
-                                                                    int64_t num_slots, int ring_len, int batch, int* order) {
+                                                                    const int* fold_phase, int64_t num_slots, int ring_len,
+                                                                    int batch, int* order) {
   __shared__ int warp_folds[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int phase = fold_phase ? fold_phase[0] : -1;
   auto folds = [&](int r) {
     if (r >= batch) return false;
     const int64_t slot = slot_at(slot_ids, slot_ids_int64, r);
-    return slot >= 0 && slot < num_slots && is_fold_step(cursor[slot], ring_len);
+    return slot >= 0 && slot < num_slots && folds_at(cursor[slot], phase, ring_len);
   };
   int total = 0;
   for (int r0 = 0; r0 < batch; r0 += kThreads) total += __syncthreads_count(folds(r0 + threadIdx.x));
@@ -76,11 +116,13 @@ inline bool fold_pairs(int64_t blocks, int64_t resident) {
   return knob > 0 || (knob < 0 && blocks > resident);
 }
 
-inline int* fold_first_order(int* order, const void* slot_ids, bool slot_ids_int64, const int* cursor, int64_t num_slots,
-                             int ring_len, int batch, int64_t blocks, int64_t resident, bool wanted, cudaStream_t stream) {
+inline int* fold_first_order(int* order, const void* slot_ids, bool slot_ids_int64, const int* cursor, const int* fold_phase,
+                             int64_t num_slots, int ring_len, int batch, int64_t blocks, int64_t resident, bool wanted,
+                             cudaStream_t stream) {
   const int knob = tune_knob("replay_fold_first");
   if (order == nullptr || knob == 0 || (knob < 0 && (!wanted || blocks <= resident))) return nullptr;
-  fold_first_order_kernel<1024><<<1, 1024, 0, stream>>>(slot_ids, slot_ids_int64, cursor, num_slots, ring_len, batch, order);
+  fold_first_order_kernel<1024><<<1, 1024, 0, stream>>>(slot_ids, slot_ids_int64, cursor, fold_phase, num_slots, ring_len, batch,
+                                                        order);
   check_cuda(cudaGetLastError(), "fold_first_order kernel launch");
   return order;
 }

@@ -43,4 +43,23 @@ void fill_split_params(CacheParams& c, const at::Tensor& checkpoint, const std::
   }
 }
 
+// The cache's aligned-folds phase (replayssm/cache.py `fold_phase`; common/math.h folds_at), for the replay steps:
+// (2,) int32 on the checkpoint's device, [0] the phase in [0, ring_len), [1] zero between steps (the CUDA kernels'
+// count). Checked on the CPU; on the GPU the kernels check the phase on the device.
+template <typename CacheParams>
+void fill_fold_phase(CacheParams& c, const at::Tensor& checkpoint, const std::optional<at::Tensor>& fold_phase) {
+  if (!fold_phase) return;
+  check_shape(*fold_phase, "fold_phase", {2});
+  check_dtype(*fold_phase, "fold_phase", at::kInt);
+  check_device(*fold_phase, "fold_phase", checkpoint.device());
+  TORCH_CHECK_VALUE(fold_phase->is_contiguous(), "replayssm: fold_phase must be contiguous");
+  if (!fold_phase->is_cuda()) {
+    const int* v = fold_phase->data_ptr<int>();
+    TORCH_CHECK_VALUE(v[0] >= 0 && v[0] < c.ring_len, "replayssm: fold_phase[0] = ", v[0], " must be in [0, ring_len = ",
+                      c.ring_len, ")");
+    TORCH_CHECK_VALUE(v[1] == 0, "replayssm: fold_phase[1] must be 0 between steps, got ", v[1]);
+  }
+  c.fold_phase = fold_phase->data_ptr<int>();
+}
+
 }  // namespace replayssm

@@ -187,6 +187,7 @@ template <typename ckpt_t, typename act_t>
 void replay_cpu(const GdnReplayParams& p, bool verify) {
   const GdnReplayCacheParams& c = p.cache;
   const int ratio = p.nheads / p.nkheads;
+  const int phase = !verify && c.fold_phase ? c.fold_phase[0] : -1;  // (aligned folds: the replay step's only)
   at::parallel_for(0, p.batch, 1, [&](int64_t b0, int64_t b1) {
     Token tok;
     std::vector<float> weight(c.ring_len), kk(size_t(p.nkheads) * c.ring_len), kq(size_t(p.nkheads) * c.ring_len),
@@ -198,10 +199,10 @@ void replay_cpu(const GdnReplayParams& p, bool verify) {
       int w = c.cursor[slot];
       if (!verify) {
         load_token<act_t>(p, b, 0, tok);
-        const bool fold = is_fold_step(w, c.ring_len);
+        const bool fold = folds_at(w, phase, c.ring_len);
         replay_token<ckpt_t, act_t>(p, sc, b, 0, w, tok, fold, weight, kk, kq, u);
         if (fold && c.fold_count) c.fold_count[slot] += 1;
-        c.cursor[slot] = next_cursor(w, c.ring_len);
+        c.cursor[slot] = fold ? 0 : w + 1;
         continue;
       }
       const int T = p.num_tokens ? p.num_tokens[b] : p.ntokens;
@@ -232,6 +233,7 @@ void replay_cpu(const GdnReplayParams& p, bool verify) {
       }
     }
   });
+  if (!verify && c.fold_phase) c.fold_phase[0] = next_phase(phase, c.ring_len);
 }
 
 template <typename ckpt_t>

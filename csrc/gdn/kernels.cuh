@@ -349,10 +349,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) {  // (waits first with PDL: no block of a step triggers before the launch ahead is done)
     pdl_wait();
+    fold_phase_pad_block(c.fold_phase, gridDim.z, blockIdx.x == 0 && blockIdx.y == 0, c.ring_len);
     return;
   }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
   const int w = __ldcg(c.cursor + slot);  // in flight while the first loads are issued (L2: read before pdl_wait)
+  const int phase = read_fold_phase(c.fold_phase);  // (aligned folds; -1 without)
 
   const int ratio = p.nheads / p.nkheads, V = p.vdim, L = c.ring_len;
   const int row_begin = blockIdx.x * rows_per_block;
@@ -481,6 +483,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   check_replay_cursor(w, L, slot, "gdn_replay_step");
+  check_fold_phase(phase, L, "gdn_replay_step");
   cp_async_commit();
   if (stage0_first)
 #pragma unroll
@@ -503,8 +506,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // Count this block in: all its threads have read the cursor, so the slot's last block to arrive may advance it
   // (the slot's other blocks read it before they arrived). The answer is used at the end.
   const int blocks_per_slot = gridDim.x * gridDim.y;
-  int arrived = 0;
-  if (threadIdx.x == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
+  int arrived = 0, counted = 0;
+  if (threadIdx.x == 0) {
+    arrived = atomicAdd(&c.arrivals[slot], 1);
+    counted = fold_phase_count_in(c.fold_phase, gridDim.z);
+  }
 
   // ---- Block scalars: k_j . k_t, k_j . q_t (j == w: k_t . q_t) and the decays, as the Mamba-2 replay step's lean
   // prologue forms its own: 8 lanes per ring position j (every position at once for w < kThreads / 8), each lane over
@@ -513,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // and then, on the same 8 lanes, position j's decays, a lane per value head (each suffix sum in replay_decays'
   // order, as before: the same bits). Before, a warp formed one position's dots at a time (4 positions per warp in
   // sequence at w = 15) and the decays waited behind them on a thread per (value head, j).
-  const bool fold = is_fold_step(w, L);
+  const bool fold = folds_at(w, phase, L);
   {
     const int lane8 = lane & 7;
     for (int first = warp * 4; first <= w; first += kThreads / 8) {  // (every lane of a warp: the same trip count)
@@ -767,12 +773,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   cp_async_wait<0>();
 
-  if (threadIdx.x == 0 && arrived == blocks_per_slot - 1) {
-    atomicSub(&c.arrivals[slot], blocks_per_slot);  // zero again for the next launch
-    c.cursor[slot] = next_cursor(w, L);
-    if constexpr (kCountsFolds) {  // every block of the slot read the count before it counted in: only this one writes it
-      if (fold && c.fold_count != nullptr) c.fold_count[slot] += 1;
+  if (threadIdx.x == 0) {
+    const bool row_last = arrived == blocks_per_slot - 1;
+    if (row_last) {
+      atomicSub(&c.arrivals[slot], blocks_per_slot);  // zero again for the next launch
+      c.cursor[slot] = fold ? 0 : w + 1;
+      if constexpr (kCountsFolds) {  // every block of the slot read the count before it counted in: only this one writes it
+        if (fold && c.fold_count != nullptr) c.fold_count[slot] += 1;
+      }
     }
+    fold_phase_count_out(c.fold_phase, gridDim.z, counted, row_last, phase, L);
   }
 }
 // Speculative verification (MATH.md, "Verifying T tokens at once"; replay_cpu(verify=true) in cpu.cpp): early
@@ -1955,8 +1965,8 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // replay_fold_first=0 entry, bench/results/session37/). So plain checkpoints take the grid's order unless forced.
   const bool pdl_asked = pdl_requested();
   const bool fold_first = view;
-  q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
-                                 resident, fold_first, stream);
+  q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, c.fold_phase, p.num_slots, c.ring_len,
+                                 p.batch, blocks, resident, fold_first, stream);
   const dim3 grid(chunks, p.nkheads, p.batch);
   // PDL only without the order kernel just ahead (fold_first_order returns null when it launched none): the kernel
   // reads its entry of the order before pdl_wait().

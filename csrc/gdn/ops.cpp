@@ -185,13 +185,15 @@ void gdn_replay(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, 
                 const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log, const OptTensor& dt_bias, bool l2norm,
                 double scale, const Tensor& slot_ids, const OptTensor& num_tokens, Tensor out, bool verify,
                 const OptTensor& pending = std::nullopt, const Tensor* arrivals = nullptr, const OptTensor& view = std::nullopt,
-                const OptTensor& sr_seed = std::nullopt, const OptTensor& fold_count = std::nullopt) {
+                const OptTensor& sr_seed = std::nullopt, const OptTensor& fold_count = std::nullopt,
+                const OptTensor& fold_phase = std::nullopt) {
   GdnReplayParams p;
   TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, vdim, kdim), got ",
                     shape_str(checkpoint.sizes()));
   fill_gdn_token(p, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, out, checkpoint.size(0), verify);
   p.cache = fill_gdn_cache(checkpoint, ring_u, ring_k, ring_g, cursor, p.nheads, p.nkheads, p.kdim, p.vdim, q.device(), verify);
   fill_split_params(p.cache, checkpoint, view, sr_seed, fold_count);
+  fill_fold_phase(p.cache, checkpoint, fold_phase);
   if (checkpoint.is_cuda() && (view || fold_count)) {  // the numerical split as the CUDA replay step kernel takes it
     TORCH_CHECK_VALUE(!view || p.cache.ckpt_dtype == DType::kFloat32,
                       "replayssm: on CUDA the GDN output view must be of an fp32 checkpoint");
@@ -239,11 +241,11 @@ void gdn_replay(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, 
 void gdn_replay_step(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, Tensor arrivals,
                      const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b, const Tensor& A_log,
                      const OptTensor& dt_bias, bool l2norm, double scale, const Tensor& slot_ids, Tensor out, const OptTensor& view,
-                     const OptTensor& sr_seed, const OptTensor& fold_count) {
+                     const OptTensor& sr_seed, const OptTensor& fold_count, const OptTensor& fold_phase) {
   check_shape(arrivals, "arrivals", {checkpoint.size(0)});
   check_dtype(arrivals, "arrivals", at::kInt);
   gdn_replay(checkpoint, ring_u, ring_k, ring_g, cursor, q, k, v, a, b, A_log, dt_bias, l2norm, scale, slot_ids, std::nullopt,
-             out, false, std::nullopt, &arrivals, view, sr_seed, fold_count);
+             out, false, std::nullopt, &arrivals, view, sr_seed, fold_count, fold_phase);
 }
 
 void gdn_replay_verify(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, Tensor cursor, const Tensor& q,

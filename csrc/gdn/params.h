@@ -59,6 +59,9 @@ struct GdnReplayCacheParams {
   int64_t ring_g_slot_stride = 0, ring_g_pos_stride = 0;
   int* cursor = nullptr;
   int* arrivals = nullptr;
+  // (2,) or null: the aligned folds' phase (common/math.h, folds_at) and, on CUDA, the launch's count of blocks
+  // that have read it (zero between launches). The replay step reads and advances it; verify ignores it.
+  int* fold_phase = nullptr;
   int* pending = nullptr;  // (num_slots,) tokens of the last verify not yet committed, or null
   // The numerical split (MATH.md; the replay step on the CPU and CUDA, verify on the CPU only): a bf16 view of the
   // checkpoint read by every replay step (for GDN it serves S k as well as S q, so its rounding reaches the

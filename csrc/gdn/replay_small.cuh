@@ -73,6 +73,7 @@ __global__ void __launch_bounds__(256, 1) gdn_replay_step_small_kernel(const Gdn
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) {  // (waits first with PDL, as the general kernel)
     pdl_wait();
+    fold_phase_pad_block(c.fold_phase, gridDim.z, blockIdx.x == 0 && blockIdx.y == 0, c.ring_len);
     return;
   }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(256, 1) gdn_replay_step_small_kernel(const Gdn
   __shared__ __align__(16) float ru_s[K::kMaxRing - 1][K::kRows];  // ring u of the block's rows, positions 0..L-2
   __shared__ __align__(16) float rk_s[K::kMaxRing - 1][kK];        // ring k of the key head (the fold's rank-w update)
   __shared__ float kk_s[K::kMaxRing], kq_s[K::kMaxRing], weight_s[K::kMaxRing], decay_s;  // [kTj]: k_t . k_t, k_t . q_t
-  __shared__ int w_s;
+  __shared__ int w_s, phase_s;
 
   // ---- One trip: everything below needs only the slot. The ring is read whole, before the cursor is known;
   // entries past it are ignored (a position this launch appends to may be read while it is written: never used).
@@ -104,6 +105,7 @@ __global__ void __launch_bounds__(256, 1) gdn_replay_step_small_kernel(const Gdn
   float* ring_g = c.ring_g + slot * c.ring_g_slot_stride + hv;
   const float g_ring = warp == 0 && lane < L - 1 ? ring_g[lane * c.ring_g_pos_stride] : 0.f;
   int w = warp == 0 ? __ldcg(c.cursor + slot) : 0;  // warp 0 alone waits for the cursor
+  int phase = warp == 0 ? read_fold_phase(c.fold_phase) : -1;  // (and the aligned folds' phase; -1 without)
 
   if (pdl) {
     pdl_wait();
@@ -156,6 +158,7 @@ __global__ void __launch_bounds__(256, 1) gdn_replay_step_small_kernel(const Gdn
   // general kernel's), one running sum that lane j takes after adding g_{j+1}; exp(G_w) = exp(suffix_0 + g_0).
   if (warp == 0) {
     check_replay_cursor(w, L, slot, "gdn_replay_step");
+    check_fold_phase(phase, L, "gdn_replay_step");
     float run = 0.f, suffix = 0.f;
     for (int m = w - 1; m > 0; --m) {
       run += __shfl_sync(0xffffffffu, g_ring, m);
@@ -163,14 +166,18 @@ __global__ void __launch_bounds__(256, 1) gdn_replay_step_small_kernel(const Gdn
     }
     if (lane < w) weight_s[lane] = expf(suffix);
     const float g0 = __shfl_sync(0xffffffffu, g_ring, 0);
-    if (lane == 0) decay_s = w > 0 ? expf(suffix + g0) : 1.f, w_s = w;
+    if (lane == 0) decay_s = w > 0 ? expf(suffix + g0) : 1.f, w_s = w, phase_s = phase;
   }
   cp_async_wait<0>();
   __syncthreads();
-  int arrived = 0;
-  if (tid == 0) arrived = atomicAdd(&c.arrivals[slot], 1);  // every thread has what it needs of the cursor
+  int arrived = 0, counted = 0;
+  if (tid == 0) {
+    arrived = atomicAdd(&c.arrivals[slot], 1);  // every thread has what it needs of the cursor
+    counted = fold_phase_count_in(c.fold_phase, gridDim.z);
+  }
   w = w_s;
-  const bool fold = is_fold_step(w, L);
+  phase = phase_s;
+  const bool fold = folds_at(w, phase, L);
   const float dcy = decay_s, kq_t = kq_s[kTj];
   if (!fold) {  // append k_t (the key head's first block) and g_t (each value head's first block)
     if (blockIdx.x == 0 && hv == h * (p.nheads / p.nkheads) && j == kTj) {
@@ -217,9 +224,13 @@ __global__ void __launch_bounds__(256, 1) gdn_replay_step_small_kernel(const Gdn
     Layout::store_row(ckpt_row, lane8, s);
   }
   const int blocks_per_slot = int(gridDim.x * gridDim.y);
-  if (tid == 0 && arrived == blocks_per_slot - 1) {
-    atomicSub(&c.arrivals[slot], blocks_per_slot);  // zero again for the next launch
-    c.cursor[slot] = next_cursor(w, L);
+  if (tid == 0) {
+    const bool row_last = arrived == blocks_per_slot - 1;
+    if (row_last) {
+      atomicSub(&c.arrivals[slot], blocks_per_slot);  // zero again for the next launch
+      c.cursor[slot] = fold ? 0 : w + 1;
+    }
+    fold_phase_count_out(c.fold_phase, gridDim.z, counted, row_last, phase, L);
   }
 }
 

@@ -61,13 +61,14 @@ template <typename ckpt_t, typename act_t>
 void replay_step_cpu(const Mamba2ReplayStepParams& p) {
   const Mamba2ReplayCacheParams& c = p.cache;
   const int heads_per_group = p.nheads / p.ngroups;
+  const int phase = c.fold_phase ? c.fold_phase[0] : -1;  // (aligned folds: every row sees the step's phase)
   at::parallel_for(0, p.batch, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> bc(c.ring_len), weight(c.ring_len), x_j(c.ring_len);
     for (int b = static_cast<int>(b0); b < b1; ++b) {
       const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
       if (slot == kPadSlot) continue;
       const int w = c.cursor[slot];  // tokens in the ring; this token is number w (0-based)
-      const bool fold = is_fold_step(w, c.ring_len);
+      const bool fold = folds_at(w, phase, c.ring_len);
       auto ring_B_at = [&](int j, int g, int n) {
         return j < w ? ld<act_t>(c.ring_B, slot * c.ring_B_slot_stride + j * c.ring_B_pos_stride + g * c.ring_B_group_stride + n)
                      : ld<act_t>(p.B, b * p.B_batch_stride + g * p.B_group_stride + n);
@@ -119,9 +120,10 @@ void replay_step_cpu(const Mamba2ReplayStepParams& p) {
             st<act_t>(c.ring_B, slot * c.ring_B_slot_stride + w * c.ring_B_pos_stride + g * c.ring_B_group_stride + n, ring_B_at(w, g, n));
       }
       if (fold && c.fold_count) c.fold_count[slot] += 1;
-      c.cursor[slot] = next_cursor(w, c.ring_len);
+      c.cursor[slot] = fold ? 0 : w + 1;
     }
   });
+  if (c.fold_phase) c.fold_phase[0] = next_phase(phase, c.ring_len);
 }
 
 // Element (h, i, n) of a slot's state after its first w ring tokens (the checkpoint with them folded in);

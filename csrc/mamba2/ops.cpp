@@ -236,7 +236,7 @@ void mamba2_replay_step(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor 
                         const Tensor& x, const Tensor& dt, const Tensor& A, const Tensor& B, const Tensor& C,
                         const OptTensor& D, const OptTensor& z, const OptTensor& dt_bias, bool dt_softplus, double dt_min,
                         double dt_max, const Tensor& slot_ids, Tensor out, const OptTensor& view, const OptTensor& sr_seed,
-                        const OptTensor& fold_count) {
+                        const OptTensor& fold_count, const OptTensor& fold_phase) {
   Mamba2ReplayStepParams p;
   TORCH_CHECK_VALUE(checkpoint.dim() == 4, "replayssm: checkpoint must have shape (num_slots, nheads, headdim, dstate), got ",
                     shape_str(checkpoint.sizes()));
@@ -244,6 +244,7 @@ void mamba2_replay_step(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor 
   p.cache = fill_cache_params(checkpoint, ring_x, ring_B, ring_dt, cursor, &arrivals, p.nheads, p.headdim, p.ngroups,
                               p.dstate, x.scalar_type(), x.device(), /*cursor_may_be_full=*/false);
   fill_split_params(p.cache, checkpoint, view, sr_seed, fold_count);
+  fill_fold_phase(p.cache, checkpoint, fold_phase);
   if (checkpoint.is_cuda() && view) {
     TORCH_CHECK_VALUE(p.cache.ckpt_dtype == DType::kFloat32, "replayssm: on CUDA the output view must be of an fp32 checkpoint");
     check_vector_aligned(*view, "view");

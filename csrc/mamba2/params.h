@@ -62,6 +62,9 @@ struct Mamba2ReplayCacheParams {
   int64_t ring_dt_slot_stride = 0, ring_dt_pos_stride = 0;
   int* cursor = nullptr;    // (num_slots,) tokens in the ring since the checkpoint
   int* arrivals = nullptr;  // (num_slots,) zero between launches; CUDA blocks count in to advance the cursor
+  // (2,) or null: the aligned folds' phase (common/math.h, folds_at) and, on CUDA, the launch's count of blocks
+  // that have read it (zero between launches). The replay step reads and advances it; verify ignores it.
+  int* fold_phase = nullptr;
   // The numerical split (MATH.md): an optional bf16 view of the checkpoint that serves outputs (refreshed at
   // each fold), and optional stochastic rounding of a narrow checkpoint at folds (seeded per slot).
   void* view = nullptr;  // (num_slots, nheads, headdim, dstate) bf16, or null

@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) {  // (waits first with PDL, as v10)
     pdl_wait();
+    fold_phase_pad_block(c.fold_phase, gridDim.y, blockIdx.x == 0, c.ring_len);
     return;
   }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
   __shared__ __align__(16) act_t xs[K::kMaxRing - 1][K::kRows];  // the head's ring x, positions 0..L-2
   __shared__ __align__(16) float Bs[K::kMaxRing][kN];            // at folds: B_j (j < w) and B_t (row kTj)
   __shared__ float bc_s[K::kMaxRing], wdt_s[K::kMaxRing], decay_s;  // bc_s[kMaxRing - 1]: B_t . C_t
-  __shared__ int w_s;
+  __shared__ int w_s, phase_s;
   constexpr int kTj = K::kMaxRing - 1;  // the dot group of B_t (ring positions stop at L - 2 <= 30)
 
   // ---- One trip: everything below needs only the slot (the cache) or nothing (this token's inputs, after the PDL
@@ -91,6 +92,7 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
   // the step instead of hiding a round trip. The other warps need w only after the barrier (the dots are formed for
   // every ring position and for B_t).
   int w = warp == 0 ? __ldcg(c.cursor + slot) : 0;
+  int phase = warp == 0 ? read_fold_phase(c.fold_phase) : -1;  // (aligned folds; -1 without)
 
   pdl_wait();
   pdl_trigger();
@@ -130,6 +132,7 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
   int arrived = 0;
   if (warp == 0) {
     check_replay_cursor(w, L, slot, "mamba2_replay_step");
+    check_fold_phase(phase, L, "mamba2_replay_step");
     // (issued once w has arrived: the branch above waits for it, and a GPU does not run ahead of a branch)
     if (arrive == 1 && lane == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
   }
@@ -154,7 +157,7 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
   // lane j takes after adding dt_{j+1}.
   if (warp == 0) {
     if (arrive == 2 && lane == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
-    const bool fold = is_fold_step(w, L);
+    const bool fold = folds_at(w, phase, L);
     const float dt_t = process_dt(dt_raw, dt_bias, p.dt_softplus, p.dt_min, p.dt_max);
     const float dk = lane < w ? dt_ring : dt_t;
     float run = 0.f, suffix = 0.f;
@@ -163,14 +166,16 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
       if (lane == k - 1) suffix = run;
     }
     if (lane <= w) wdt_s[lane] = expf(Ah * suffix) * dk;
-    if (lane == 0) decay_s = expf(Ah * (suffix + dk)), w_s = w;
+    if (lane == 0) decay_s = expf(Ah * (suffix + dk)), w_s = w, phase_s = phase;
     if (lane == 0 && !fold) ring_dt[w * c.ring_dt_pos_stride] = dt_t;
   }
   cp_async_wait<0>();
   __syncthreads();
   if (arrive == 0 && tid == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
+  const int counted = tid == 0 ? fold_phase_count_in(c.fold_phase, gridDim.y) : 0;
   w = w_s;
-  const bool fold = is_fold_step(w, L);
+  phase = phase_s;
+  const bool fold = folds_at(w, phase, L);
   if (!fold && j == kTj && h % heads_per_group == 0) {  // the group's first head appends B_t (exact: it came as act_t)
     act_t* dst = static_cast<act_t*>(c.ring_B) + slot * c.ring_B_slot_stride + w * c.ring_B_pos_stride +
                  g * c.ring_B_group_stride + lane8 * kPer;
@@ -227,10 +232,14 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
         store16_stream(row + Layout::col(lane_in_row, v, 0), *reinterpret_cast<float(*)[4]>(&s[v * 4]));
     }
   }
-  if (tid == 0 && arrived == int(gridDim.x) - 1) {
-    atomicSub(&c.arrivals[slot], int(gridDim.x));  // zero again for the next launch
-    c.cursor[slot] = next_cursor(w, L);
-    if (fold && c.fold_count) c.fold_count[slot] = c.fold_count[slot] + 1;
+  if (tid == 0) {
+    const bool row_last = arrived == int(gridDim.x) - 1;
+    if (row_last) {
+      atomicSub(&c.arrivals[slot], int(gridDim.x));  // zero again for the next launch
+      c.cursor[slot] = fold ? 0 : w + 1;
+      if (fold && c.fold_count) c.fold_count[slot] = c.fold_count[slot] + 1;
+    }
+    fold_phase_count_out(c.fold_phase, gridDim.y, counted, row_last, phase, L);
   }
 }
 

@@ -43,10 +43,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) {  // (waits first with PDL: no block of a step triggers before the launch ahead is done)
     pdl_wait();
+    fold_phase_pad_block(c.fold_phase, gridDim.z, blockIdx.x == 0 && blockIdx.y == 0, c.ring_len);
     return;
   }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
   const int w = __ldcg(c.cursor + slot);  // in flight while the first loads are issued (L2: read before pdl_wait)
+  const int phase = read_fold_phase(c.fold_phase);  // (aligned folds; -1 without)
 
   const int heads_per_group = p.nheads / p.ngroups;
   const int L = c.ring_len;
@@ -238,6 +240,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   check_replay_cursor(w, L, slot, "mamba2_replay_step");
+  check_fold_phase(phase, L, "mamba2_replay_step");
   cp_async_commit();
   if (stage0_first) issue_first(1, kStages);
   // The fold count (stochastic rounding's Philox counter): read, and waited for, before the block counts in,
@@ -257,13 +260,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // it now (the slot's other blocks read it before they arrived). No fence, and off the tail: the answer is
   // used at the end. (Counting in at the end behind a fence cost ~1 us per step at batch 1.)
   const int blocks_per_row = gridDim.x * gridDim.y;
-  int arrived = 0;
-  if (threadIdx.x == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
+  int arrived = 0, counted = 0;
+  if (threadIdx.x == 0) {
+    arrived = atomicAdd(&c.arrivals[slot], 1);
+    counted = fold_phase_count_in(c.fold_phase, gridDim.z);
+  }
 
   // ---- Block scalars: B_j . C_t (a warp per j) and the decays (a thread per head). kLean: 8 lanes per j (every
   // position at once for L <= kThreads / 8 + 1) and a thread per (head, j), each suffix sum in replay_decays'
   // order (the CPU's values) without its serial chain of exponentials: a shorter prologue at small batches.
-  const bool fold = is_fold_step(w, L);
+  const bool fold = folds_at(w, phase, L);
   RSSM_DEVICE_CHECK(fold || !marked, "mamba2_replay_step: the fold-first order marks row %d folding, its cursor is %d", b, w);
   if constexpr (kLean) {
     constexpr int kPer = kN / 8;
@@ -617,10 +623,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       if ((head_begin + hl) * p.headdim >= row_begin)  // the block holding the head's first row writes its dt
         c.ring_dt[slot * c.ring_dt_slot_stride + w * c.ring_dt_pos_stride + h0 + hl] = dtt[hl];
   }
-  if (threadIdx.x == 0 && arrived == blocks_per_row - 1) {
-    atomicSub(&c.arrivals[slot], blocks_per_row);  // zero again for the next launch
-    c.cursor[slot] = next_cursor(w, L);
-    if (fold && c.fold_count) c.fold_count[slot] = int(fold_no) + 1;
+  if (threadIdx.x == 0) {
+    const bool row_last = arrived == blocks_per_row - 1;
+    if (row_last) {
+      atomicSub(&c.arrivals[slot], blocks_per_row);  // zero again for the next launch
+      c.cursor[slot] = fold ? 0 : w + 1;
+      if (fold && c.fold_count) c.fold_count[slot] = int(fold_no) + 1;
+    }
+    fold_phase_count_out(c.fold_phase, gridDim.z, counted, row_last, phase, L);
   }
 }
 
@@ -728,8 +738,8 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   // 20.4 / 56.9 / 205.5 / 400.2 us at batch 8 / 32 / 128 / 256, the view 22.5 / 45.2 / 133.3 / 258.0 -> 20.7 / 43.7 /
   // 131.9 / 257.1; batch 2 level within its spread).
   q.stage0_first = tune_knob("m2_replay_stage0_first") == 0 ? 0 : 1;
-  q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots, c.ring_len, p.batch, blocks,
-                                 int64_t(num_sms()) * kMinBlocks, view, stream);
+  q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, c.fold_phase, p.num_slots, c.ring_len,
+                                 p.batch, blocks, int64_t(num_sms()) * kMinBlocks, view, stream);
   // kWide (the kernel, above): a view's folding rows marked by the order read the master alone, staged
   // (REPLAYSSM_TUNE view_fold_lean=0: the view streamed too); an fp32 checkpoint's folding steps run two row
   // iterations per trip (fold_pair: unset, grids past one resident wave; 1 always; 0 never). Batch 1 (one wave)
