@@ -4,7 +4,8 @@
 Each measurement is one CUDA graph holding a full cycle of L consecutive steps over n independent layers
 (n chosen so that the layers' states are >= 4x the L2: nothing is served from L2), with fresh inputs for every
 (step, layer). The replay cursors advance for real (they start staggered, as in a serving batch), so fold steps
-count at their true rate. Reported per step and layer: µs, analytic bytes, TB/s, and the floor (bytes over the
+count at their true rate; caches with aligned folds (replayssm/cache.py) run one untimed cycle first, after which
+their rows fold together (common.settle). Reported per step and layer: µs, analytic bytes, TB/s, and the floor (bytes over the
 bandwidth measured in this run: copy bandwidth for the standard step, the larger of read and copy for replay).
 
     python bench/bench_mamba2.py [--batches 1 32 128 256] [--out bench/results/mamba2_decode.json]

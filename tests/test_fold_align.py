@@ -201,3 +201,27 @@ def test_allocation_and_bad_phases():
         made.cache.fold_phase = bad
         with pytest.raises(ValueError, match=match):
             made.step(made.cache, ids, *inputs, out)
+
+
+@pytest.mark.parametrize("model", [_Mamba2, _Gdn], ids=["mamba2", "gdn"])
+def test_opcheck_with_a_fold_phase(device, model):
+    """The schemas' fold_phase (mutated, optional, last) through torch.library.opcheck, at a phase boundary."""
+    gen = make_gen()
+    made = model(device, gen, 3)
+    cache = made.cache
+    cache.fold_phase[0] = L - 1
+    ids = torch.tensor([2, 0], dtype=torch.int32, device=device)
+    inputs = [x[0] for x in _inputs(made, 2, gen, 1)]
+    out = torch.empty((2,) + made.out_shape, device=device)
+    split = (None, None, None, cache.fold_phase)  # view, sr_seed, fold_count, fold_phase
+    if model is _Mamba2:
+        x, dt, B, C, z = inputs
+        layer = made.layer
+        args = (cache.checkpoint, cache.ring_x, cache.ring_B, cache.ring_dt, cache.cursor, cache.arrivals, x, dt, layer.A, B,
+                C, layer.D, z, layer.dt_bias, True, 0.0, float("inf"), ids, out) + split
+        torch.library.opcheck(torch.ops.replayssm.mamba2_replay_step.default, args)
+    else:
+        q, k, v, a, b = inputs
+        args = (cache.checkpoint, cache.ring_u, cache.ring_k, cache.ring_g, cache.cursor, cache.arrivals, q, k, v, a, b,
+                made.A_log, made.dt_bias, True, q.shape[-1] ** -0.5, ids, out) + split
+        torch.library.opcheck(torch.ops.replayssm.gdn_replay_step.default, args)

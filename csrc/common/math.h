@@ -47,13 +47,11 @@ constexpr float kL2NormEps = 1e-6f;
 
 // The ring holds the tokens since the checkpoint at positions 0..cursor-1. A step appends its token
 // at position `cursor`; when that fills the ring (cursor + 1 == ring_len) the step folds instead:
-// the checkpoint becomes the state after the token and the ring restarts empty.
-RSSM_HD bool is_fold_step(int cursor, int ring_len) { return cursor + 1 == ring_len; }
-RSSM_HD int next_cursor(int cursor, int ring_len) { return is_fold_step(cursor, ring_len) ? 0 : cursor + 1; }
+// the checkpoint becomes the state after the token and the ring restarts empty (the cursor returns to 0).
 // Aligned folds (replayssm/cache.py, `fold_phase`): a cache may carry a phase p in [0, ring_len) that every
-// replay step advances by one (mod ring_len); the step folds a row when its ring fills or when p + 1 == ring_len
-// (an early fold of the w tokens the ring holds, by the same formula). After one phase boundary every row that
-// steps at each call folds at the same call. phase -1: no phase (folds only when the ring fills).
+// replay step advances by one (mod ring_len); the step then also folds a row when p + 1 == ring_len (an early
+// fold of the w tokens the ring holds, by the same formula). After one phase boundary every row that steps at
+// each call folds at the same call. phase -1: no phase (folds only when the ring fills).
 RSSM_HD bool folds_at(int cursor, int phase, int ring_len) { return cursor + 1 == ring_len || phase + 1 == ring_len; }
 RSSM_HD int next_phase(int phase, int ring_len) { return phase + 1 == ring_len ? 0 : phase + 1; }
 
