@@ -31,8 +31,9 @@ class _Mamba2:
                                                 **alloc)
         self.out_shape = (H, P)
 
-    def step(self, cache, ids, x, dt, B, C, z, out):
-        replayssm.mamba2_replay_step(cache, x, dt, self.layer.A, B, C, z=z, slot_ids=ids, out=out, **self.layer.kwargs())
+    def step(self, cache, ids, x, dt, B, C, z, out):  # (the parameters on the inputs' device: the CUDA test's CPU run)
+        kw = {k: v.to(x.device) if isinstance(v, torch.Tensor) else v for k, v in self.layer.kwargs().items()}
+        replayssm.mamba2_replay_step(cache, x, dt, self.layer.A.to(x.device), B, C, z=z, slot_ids=ids, out=out, **kw)
 
     def verify(self, cache, ids, gen, T):
         tok = self.layer.token(ids.shape[0] * T, torch.float32, gen)
@@ -59,8 +60,9 @@ class _Gdn:
         rnd = lambda *s: torch.randn(*lead, *s, generator=gen).to(self.device)
         return dict(q=rnd(H, K), k=rnd(H, K), v=rnd(HV, V), a=rnd(HV), b=rnd(HV))
 
-    def step(self, cache, ids, q, k, v, a, b, out):
-        replayssm.gdn_replay_step(cache, q, k, v, a, b, self.A_log, slot_ids=ids, dt_bias=self.dt_bias, out=out)
+    def step(self, cache, ids, q, k, v, a, b, out):  # (the parameters on the inputs' device, as _Mamba2's)
+        replayssm.gdn_replay_step(cache, q, k, v, a, b, self.A_log.to(q.device), slot_ids=ids,
+                                  dt_bias=self.dt_bias.to(q.device), out=out)
 
     def verify(self, cache, ids, gen, T):
         replayssm.gdn_replay_verify(cache, **self.token(ids.shape[0], gen, T), A_log=self.A_log, slot_ids=ids,

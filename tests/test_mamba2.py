@@ -127,7 +127,8 @@ def test_cuda_wide_offset_stream_matches_reference(monkeypatch, act_dtype, state
     32 bits takes; the default forms them as 32-bit offsets): the same checks as the default across dtypes and
     folds, and on shapes that are not tile multiples."""
     monkeypatch.setenv("REPLAYSSM_TUNE", "stream_lean=0")
-    test_replay_and_standard_match_reference_across_folds("cuda", act_dtype, state_dtype)
+    for align_folds in (True, False):
+        test_replay_and_standard_match_reference_across_folds("cuda", act_dtype, state_dtype, align_folds)
     if act_dtype == torch.bfloat16 and state_dtype == torch.float32:
         for shape in (dict(H=24, P=32, N=64, G=3), dict(H=6, P=20, N=16, G=1), dict(H=4, P=8, N=256, G=4)):
             test_shapes_that_are_not_tile_multiples("cuda", shape)
