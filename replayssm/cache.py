@@ -21,8 +21,9 @@ fold of the w tokens the ring holds: the same formula, any w). So rows that star
 that joined the batch at different tokens) fold together from the first phase boundary on, at most one extra
 fold each, and then every L-th step folds every row while the others fold none. Why: with staggered cursors every
 step folds 1/L of the rows, and a folding row's blocks take ~2.5x a plain row's, so at batches whose grid is
-resident at once (up to ~32-128 rows) every launch lasts as long as its folding blocks; aligned, the same bytes
-ran 1-8% faster per step at batch 3-128 (the benchmarks' ``cursors_aligned`` entries, bench/NOTES.md "Session 42").
+resident at once (up to ~32-128 rows) every launch lasts as long as its folding blocks. Aligned, the same bytes ran
+faster in every measured case: H100, one run each, against the same caches without a phase, GDN replay -1.0 / -7.1 /
+-2.8 / -2.0 / -0.3% at batch 1 / 8 / 32 / 128 / 256, Mamba-2 -1.7 / -1.8 / -2.0 / -1.2 / -0.9% (bench/results/session42).
 With an output view the folds cost ~5-7x a plain row and the fold-first order (common/fold_order.cuh) spreads
 them better than aligning (aligned was 1.5-2.6% slower at batch 128-256), so view caches do not align unless asked.
 The phase advances once per call: a cache stepped in several calls per token (sub-batches) should not align.
