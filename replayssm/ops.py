@@ -76,7 +76,7 @@ def mamba2_replay_step(
     """Replay Mamba-2 decode step: the same outputs as :func:`mamba2_step` on the same history, computed
     from the slot's checkpoint and ring without writing the checkpoint. The token is appended to the ring
     and the slot's cursor advances; when the ring is full the step folds instead (checkpoint <- state after
-    this token, cursor <- 0), so the checkpoint is written once every ``cache.ring_len`` tokens. With the cache's
+    this token, cursor <- 0), so the checkpoint is written at most once every ``cache.ring_len`` tokens. With the cache's
     aligned folds (``cache.fold_phase``, the default without an output view) a row also folds, early, at the
     cache's phase boundary, so that every row folds at the same step (replayssm/cache.py, "Aligned folds").
     Arguments as for :func:`mamba2_step`; x and B must have the cache's activation dtype.

@@ -68,8 +68,9 @@ def _assert_same_cache(a, b, where):
 @pytest.mark.parametrize("model", ["mamba2", "gdn"])
 @pytest.mark.parametrize("align_folds", [False, True], ids=["ring-full", "aligned"])
 def test_cuda_fold_first_order_changes_no_bit(monkeypatch, model, batch, view, align_folds):
-    """(aligned: the caches' fold phase starts part-way through its cycle; the order kernel marks every row at the
-    phase boundary, and the rows whose ring fills before it.)"""
+    """(aligned: the caches' fold phase starts part-way through its cycle, so the steps cross a boundary where every
+    row folds; the two orders must still give the same bits, and the rows end aligned. A Mamba-2 view's blocks trap if
+    the order marks a row that does not fold; that it marks every folding row is not observable here.)"""
     gen = torch.Generator()
     gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
     num_slots = batch + 5
