@@ -25,7 +25,8 @@ resident at once (up to ~32-128 rows) every launch lasts as long as its folding 
 faster in every measured case: H100, one run each, against the same caches without a phase, GDN replay -1.0 / -7.1 /
 -2.8 / -2.0 / -0.3% at batch 1 / 8 / 32 / 128 / 256, Mamba-2 -1.7 / -1.8 / -2.0 / -1.2 / -0.9% (bench/results/session42).
 With an output view the folds cost ~5-7x a plain row and the fold-first order (common/fold_order.cuh) spreads
-them better than aligning (aligned was 1.5-2.6% slower at batch 128-256), so view caches do not align unless asked.
+them better than aligning (aligned was 0.3-2.6% slower at batch 128-256: the views' cursors_aligned entries,
+bench/results/session31-37), so view caches do not align unless asked.
 The phase advances once per call with at least one row (pad rows count; a call of batch 0 does nothing): a cache
 stepped in several calls per token (sub-batches) should not align, and a slot left out of a call falls out of step
 and folds early again at the next boundary.
