@@ -12,7 +12,7 @@ import replayssm
 from replayssm import PAD_SLOT, GdnReplayCache, Mamba2ReplayCache
 
 from conftest import HAS_CUDA
-from helpers import FoldModel, Layer, clone_cache, rel_err, run_chain, token_inputs
+from helpers import FoldModel, Layer, clone_cache, rel_err, run_chain, token_inputs, tolerance
 
 L = 5
 
@@ -23,6 +23,7 @@ def make_gen():
 
 class _Mamba2:
     keys = ("x", "dt", "B", "C", "z")
+    act = torch.float32  # (the small kernel takes fp32 activations at this shape)
 
     def __init__(self, device, gen, num_slots, **alloc):
         H, P, G, N = 8, 64, 2, 128
@@ -44,6 +45,7 @@ class _Mamba2:
 
 class _Gdn:
     keys = ("q", "k", "v", "a", "b")
+    act = torch.bfloat16  # (the small GDN kernel takes bf16 activations and K = 128 only)
 
     def __init__(self, device, gen, num_slots, **alloc):
         HV, H, K, V = 4, 2, 128, 128
@@ -57,7 +59,7 @@ class _Gdn:
     def token(self, batch, gen, T=None):
         HV, H, K, V = self.shape
         lead = (batch,) if T is None else (batch, T)
-        rnd = lambda *s: torch.randn(*lead, *s, generator=gen).to(self.device)
+        rnd = lambda *s: torch.randn(*lead, *s, generator=gen).to(self.device, self.act)
         return dict(q=rnd(H, K), k=rnd(H, K), v=rnd(HV, V), a=rnd(HV), b=rnd(HV))
 
     def step(self, cache, ids, q, k, v, a, b, out):  # (the parameters on the inputs' device, as _Mamba2's)
@@ -108,7 +110,7 @@ def test_cpu_aligned_folds_follow_the_rule(model, rows):
     inputs = _inputs(made, len(ids), gen, 2 * L + 1)
     for t in range(2 * L + 1):
         before = cache.checkpoint.clone()
-        out = torch.full((len(ids),) + made.out_shape, float("nan"))
+        out = torch.full((len(ids),) + made.out_shape, float("nan"), dtype=made.act)
         made.step(cache, ids_t, *(x[t] for x in inputs), out)
         folds = model_.step(live)
         assert cache.cursor.tolist() == model_.cursor and cache.fold_phase.tolist() == [model_.phase, 0], t
@@ -125,8 +127,8 @@ def test_cpu_aligned_folds_follow_the_rule(model, rows):
 @pytest.mark.parametrize("rows", ["one", "pad-only", "one-and-pad", "several", "many"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_cuda_aligned_folds_equal_the_cpu(monkeypatch, model, rows, graph):
-    """The CUDA replay steps (small kernels at these grids up to "several", the general ones at "many" = 40 rows, and
-    forced) against the CPU over 2L + 1 steps from staggered cursors and a phase part-way through its cycle: the same
+    """The CUDA replay steps (the small kernels at these grids up to "several" (GDN's: bf16 activations, K = 128), the
+    general ones at "many" = 40 rows, and forced with replay_small=0) against the CPU over 2L + 1 steps from staggered cursors and a phase part-way through its cycle: the same
     cursors, phase and zeroed counts; outputs and checkpoints to fp32 rounding."""
     gen = make_gen()
     num_slots = 45
@@ -140,7 +142,7 @@ def test_cuda_aligned_folds_equal_the_cpu(monkeypatch, model, rows, graph):
     cpu = type(cpu)(**{k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in vars(cpu).items()})
     tokens = 2 * L + 1
     inputs = _inputs(made, len(ids), gen, tokens)
-    outs = torch.full((tokens, len(ids)) + made.out_shape, float("nan"), device="cuda")
+    outs = torch.full((tokens, len(ids)) + made.out_shape, float("nan"), dtype=made.act, device="cuda")
     ids_gpu, ids_cpu = torch.tensor(ids, dtype=torch.int32, device="cuda"), torch.tensor(ids, dtype=torch.int32)
     for tune in ("", "replay_small=0,gdn_replay_small=0"):
         got_out = outs.clone()
@@ -148,7 +150,7 @@ def test_cuda_aligned_folds_equal_the_cpu(monkeypatch, model, rows, graph):
                         lambda pools, *xs: made.step(pools[0], ids_gpu, *xs), [clone_cache(made.cache)], inputs, got_out,
                         graph)[0]
         want = clone_cache(cpu)
-        want_out = torch.full(outs.shape, float("nan"))
+        want_out = torch.full(outs.shape, float("nan"), dtype=made.act)
         for t in range(tokens):
             made.step(want, ids_cpu, *(x[t].cpu() for x in inputs), want_out[t])
         assert got["cursor"].cpu().tolist() == want.cursor.tolist(), tune
@@ -158,9 +160,9 @@ def test_cuda_aligned_folds_equal_the_cpu(monkeypatch, model, rows, graph):
         pad = [i for i, s in enumerate(ids) if s == PAD_SLOT]
         assert torch.isnan(got_out[:, pad]).all(), tune
         if live:
-            assert rel_err(got_out[:, live], want_out[:, live]) < 2e-5, tune
+            assert rel_err(got_out[:, live], want_out[:, live]) < tolerance(made.act, torch.float32), tune
             slots = [ids[i] for i in live]
-            assert rel_err(got["checkpoint"][slots], want.checkpoint[slots]) < 2e-5, tune
+            assert rel_err(got["checkpoint"][slots], want.checkpoint[slots]) < 1e-4, tune
         others = sorted(set(range(num_slots)) - {s for s in ids if s != PAD_SLOT})
         assert torch.equal(got["checkpoint"][others], made.cache.checkpoint[others]), tune  # untouched
 
@@ -172,11 +174,11 @@ def test_verify_and_commit_leave_the_phase(device, model):
     gen = make_gen()
     made = model(device, gen, 3)
     cache = made.cache
-    cache.fold_phase[0] = 3
+    cache.fold_phase[0] = L - 1  # (at the boundary: a replay step would fold every row now)
     ids = torch.tensor([0, 2], dtype=torch.int32, device=device)
     made.verify(cache, ids, gen, T=3)
     replayssm.mamba2_replay_commit(cache, ids, torch.tensor([2, 3], dtype=torch.int32, device=device))
-    assert cache.fold_phase.tolist() == [3, 0]
+    assert cache.fold_phase.tolist() == [L - 1, 0]
     assert cache.cursor.tolist() == [2, 0, 3]
 
 
@@ -214,7 +216,7 @@ def test_opcheck_with_a_fold_phase(device, model):
     cache.fold_phase[0] = L - 1
     ids = torch.tensor([2, 0], dtype=torch.int32, device=device)
     inputs = [x[0] for x in _inputs(made, 2, gen, 1)]
-    out = torch.empty((2,) + made.out_shape, device=device)
+    out = torch.empty((2,) + made.out_shape, dtype=made.act, device=device)
     split = (None, None, None, cache.fold_phase)  # view, sr_seed, fold_count, fold_phase
     if model is _Mamba2:
         x, dt, B, C, z = inputs

@@ -30,17 +30,22 @@ __device__ __forceinline__ bool order_folds(int entry) { return entry < 0; }
 // * one row: no count; the row's last block (its slot's arrival) advances it, or, for a pad row, its first block.
 // No block writes the phase before every block has counted in, so all read the same value.
 __device__ __forceinline__ int read_fold_phase(const int* fold_phase) { return fold_phase ? __ldcg(fold_phase) : -1; }
-// (a branch on the value: the load is consumed before the block counts in)
-__device__ __forceinline__ void check_fold_phase(int phase, int ring_len, const char* kernel) {
-  RSSM_DEVICE_CHECK(phase >= -1 && phase < ring_len, "%s: fold_phase[0] = %d is outside [0, ring_len)", kernel, phase);
+// (a branch on the value: the load is consumed before the block counts in; the CPU checks the same on the host)
+__device__ __forceinline__ void check_fold_phase(const int* fold_phase, int phase, int ring_len, const char* kernel) {
+  RSSM_DEVICE_CHECK(fold_phase == nullptr || (phase >= 0 && phase < ring_len), "%s: fold_phase[0] = %d is outside [0, ring_len)",
+                    kernel, phase);
 }
 __device__ __forceinline__ int fold_phase_count_in(int* fold_phase, int rows) {
   return fold_phase != nullptr && rows > 1 ? atomicAdd(fold_phase + 1, 1) : 0;
 }
-// Thread 0 at the block's end: `counted` its count_in's answer, `row_last` whether it arrived last for its slot.
+// Thread 0 at the block's end: `counted` its count_in's answer, `row_last` whether it arrived last for its slot. (A
+// count that was not 0 at the launch, which only a hand-written fold_phase gives, would let a block advance the phase
+// before others have read it: the blocks that count past the grid trap instead of going on quietly.)
 __device__ __forceinline__ void fold_phase_count_out(int* fold_phase, int rows, int counted, bool row_last, int phase, int ring_len) {
   if (fold_phase == nullptr) return;
-  if (rows > 1 ? counted == int(gridDim.x * gridDim.y * gridDim.z) - 1 : row_last) {
+  const int total = int(gridDim.x * gridDim.y * gridDim.z);
+  RSSM_DEVICE_CHECK(rows <= 1 || counted < total, "replay step: fold_phase[1] was %d, not 0, at the launch", counted - total + 1);
+  if (rows > 1 ? counted == total - 1 : row_last) {
     fold_phase[1] = 0;
     fold_phase[0] = next_phase(phase, ring_len);
   }
@@ -48,13 +53,12 @@ __device__ __forceinline__ void fold_phase_count_out(int* fold_phase, int rows, 
 // A pad row's block (all its threads call it; thread 0 acts): counts in, and advances the phase if last.
 __device__ __forceinline__ void fold_phase_pad_block(int* fold_phase, int rows, bool first_of_row, int ring_len) {
   if (fold_phase == nullptr || threadIdx.x != 0) return;
-  if (rows > 1) {
-    if (atomicAdd(fold_phase + 1, 1) == int(gridDim.x * gridDim.y * gridDim.z) - 1) {  // (nobody writes before this)
-      fold_phase[1] = 0;
-      fold_phase[0] = next_phase(__ldcg(fold_phase), ring_len);
-    }
-  } else if (first_of_row) {
-    fold_phase[0] = next_phase(__ldcg(fold_phase), ring_len);
+  const int total = int(gridDim.x * gridDim.y * gridDim.z);
+  const int counted = rows > 1 ? atomicAdd(fold_phase + 1, 1) : 0;
+  if (rows > 1 ? counted >= total - 1 : first_of_row) {  // (nobody writes before this)
+    const int phase = __ldcg(fold_phase);
+    check_fold_phase(fold_phase, phase, ring_len, "replay step (a pad row)");
+    fold_phase_count_out(fold_phase, rows, counted, true, phase, ring_len);
   }
 }
 

@@ -483,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   check_replay_cursor(w, L, slot, "gdn_replay_step");
-  check_fold_phase(phase, L, "gdn_replay_step");
+  check_fold_phase(c.fold_phase, phase, L, "gdn_replay_step");
   cp_async_commit();
   if (stage0_first)
 #pragma unroll

@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(256, 1) gdn_replay_step_small_kernel(const Gdn
   // general kernel's), one running sum that lane j takes after adding g_{j+1}; exp(G_w) = exp(suffix_0 + g_0).
   if (warp == 0) {
     check_replay_cursor(w, L, slot, "gdn_replay_step");
-    check_fold_phase(phase, L, "gdn_replay_step");
+    check_fold_phase(c.fold_phase, phase, L, "gdn_replay_step");
     float run = 0.f, suffix = 0.f;
     for (int m = w - 1; m > 0; --m) {
       run += __shfl_sync(0xffffffffu, g_ring, m);

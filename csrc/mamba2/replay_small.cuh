@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
   int arrived = 0;
   if (warp == 0) {
     check_replay_cursor(w, L, slot, "mamba2_replay_step");
-    check_fold_phase(phase, L, "mamba2_replay_step");
+    check_fold_phase(c.fold_phase, phase, L, "mamba2_replay_step");
     // (issued once w has arrived: the branch above waits for it, and a GPU does not run ahead of a branch)
     if (arrive == 1 && lane == 0) arrived = atomicAdd(&c.arrivals[slot], 1);
   }

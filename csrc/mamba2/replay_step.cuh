@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   check_replay_cursor(w, L, slot, "mamba2_replay_step");
-  check_fold_phase(phase, L, "mamba2_replay_step");
+  check_fold_phase(c.fold_phase, phase, L, "mamba2_replay_step");
   cp_async_commit();
   if (stage0_first) issue_first(1, kStages);
   // The fold count (stochastic rounding's Philox counter): read, and waited for, before the block counts in,
