@@ -249,9 +249,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       for (int j = t; j >= 0; --j) {
         const float dtj = dt_at(hl, j);
         Wk[j] = expf(A * suffix) * dtj * bc[k * L + j];
-        if (j == 0) deck[hl * Tmax + k] = expf(A * (suffix + dtj));
         suffix += dtj;
       }
+      deck[hl * Tmax + k] = expf(A * suffix);  // (suffix = dt_t + ... + dt_0: the bits of the j == 0 term's sum)
     }
   }
   if (early) {
