@@ -213,3 +213,92 @@ def test_cuda_fold_pair_changes_no_bit(monkeypatch, model, rows, dim, act_dtype,
         assert not outs[1][live].isnan().any(), t
         assert torch.equal(outs[1][live], outs[0][live]), t
         _assert_same_cache(cache, twin, t)
+
+
+# The verify launches' fold-first order (REPLAYSSM_TUNE verify_fold_first=1; common/fold_order.cuh,
+# verify_fold_first_order): the rows whose window does not fit the ring (cursor + tokens > ring_len: they fold
+# early) first, by the same order kernel with the verify's rule. Nothing but the block-to-row map may change.
+LV, TV = 8, 3  # a ring of history + window; windows of up to 3 tokens
+
+
+def _verify_pair(model, num_slots, view, gen):
+    """A cache for verify, a function (cache, ids, num_tokens, accepted) running verify + commit and returning the
+    outputs (NaN where not written), and the output's key in a window's inputs."""
+    if model == "mamba2":
+        layer = Layer(4, 16, 2, 32, "cuda", gen)
+        cache = Mamba2ReplayCache.allocate(num_slots, 4, 16, 2, 32, ring_len=LV, act_dtype=torch.bfloat16, device="cuda",
+                                           output_view=torch.bfloat16 if view else None)
+
+        def window(batch):
+            toks = [layer.token(batch, torch.bfloat16, gen) for _ in range(TV)]
+            return {k: torch.stack([tk[k] for tk in toks], 1) for k in ("x", "dt", "B", "C", "z")}
+
+        def verify(c, ids, win, nt):
+            out = torch.full_like(win["x"], float("nan"))
+            replayssm.mamba2_replay_verify(c, win["x"], win["dt"], layer.A, win["B"], win["C"], z=win["z"], slot_ids=ids,
+                                           num_tokens=nt, out=out, **layer.kwargs())
+            return out
+    else:
+        HV, H, K, V = 4, 2, 32, 32
+        A_log = (torch.rand(HV, generator=gen) * 2.7).cuda()
+        dt_bias = (torch.rand(HV, generator=gen) - 4.0).cuda()
+        cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=LV, device="cuda",
+                                        output_view=torch.bfloat16 if view else None)
+
+        def window(batch):
+            rnd = lambda *s: torch.randn(batch, TV, *s, generator=gen).to("cuda", torch.bfloat16)
+            return dict(q=rnd(H, K), k=rnd(H, K), v=rnd(HV, V), a=rnd(HV), b=rnd(HV))
+
+        def verify(c, ids, win, nt):
+            out = torch.full_like(win["v"], float("nan"))
+            replayssm.gdn_replay_verify(c, **win, A_log=A_log, dt_bias=dt_bias, slot_ids=ids, num_tokens=nt, out=out)
+            return out
+    return cache, window, verify
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("view", [False, True], ids=["plain", "view"])
+@pytest.mark.parametrize("batch", [70, 1100])  # one chunk of the order kernel's 1024 threads, and two
+@pytest.mark.parametrize("model", ["mamba2", "gdn"])
+@pytest.mark.parametrize("ragged", [False, True], ids=["T", "num_tokens"])
+def test_cuda_verify_fold_first_order_changes_no_bit(monkeypatch, model, batch, view, ragged):
+    gen = torch.Generator()
+    gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
+    num_slots = batch + 5
+    cache, window, verify = _verify_pair(model, num_slots, view, gen)
+    cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen) * 0.1)
+    if cache.view is not None:
+        cache.view.copy_(cache.checkpoint)
+    cache.cursor.copy_(torch.randint(0, LV + 1, (num_slots,), generator=gen, dtype=torch.int32))  # staggered, full ones too
+    twin = _clone(cache)
+    ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
+    ids[torch.randperm(batch, generator=gen)[:batch // 10]] = PAD_SLOT  # pad rows among the live ones
+    live = ids != PAD_SLOT
+    ids = ids.cuda()
+    mixed = 0  # steps where some rows fold early and some not (the order then moves rows)
+    for t in range(2 * LV):
+        nt = torch.randint(1, TV + 1, (batch,), generator=gen, dtype=torch.int32) if ragged else None
+        tokens = nt if ragged else torch.full((batch,), TV, dtype=torch.int32)
+        cursors = cache.cursor.cpu()[ids.cpu()[live].long()]
+        early = int((cursors + tokens[live] > LV).sum())
+        mixed += 0 < early < int(live.sum())
+        win = window(batch)
+        monkeypatch.setenv("REPLAYSSM_TUNE", "verify_fold_first=1")
+        out_first = verify(cache, ids, win, None if nt is None else nt.cuda())
+        monkeypatch.setenv("REPLAYSSM_TUNE", "verify_fold_first=0")
+        out_grid = verify(twin, ids, win, None if nt is None else nt.cuda())
+        if ragged:  # (a row's outputs past its tokens are not written)
+            written = (torch.arange(TV)[None, :] < nt[:, None]).cuda()[live.cuda()]
+            out_first_l, out_grid_l = out_first[live][written], out_grid[live][written]
+        else:
+            out_first_l, out_grid_l = out_first[live], out_grid[live]
+        assert not out_first_l.isnan().any(), t
+        assert torch.equal(out_first_l, out_grid_l), t
+        assert out_first[~live].isnan().all() and out_grid[~live].isnan().all(), t
+        _assert_same_cache(cache, twin, t)
+        accepted = (torch.rand(batch, generator=gen) * (tokens + 1)).to(torch.int32).clamp(max=tokens).cuda()
+        replayssm.mamba2_replay_commit(cache, ids, accepted)
+        replayssm.mamba2_replay_commit(twin, ids, accepted)
+        _assert_same_cache(cache, twin, (t, "commit"))
+    assert mixed >= LV, mixed
