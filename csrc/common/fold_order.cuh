@@ -62,24 +62,21 @@ __device__ __forceinline__ void fold_phase_pad_block(int* fold_phase, int rows, 
   }
 }
 
-// order[0, batch): the rows whose slot folds at this step in row order, marked with kOrderFolds, then the others
-// (pad rows and out-of-range slots among them: the kernel that takes the order skips or rejects those). One block.
-// A replay step (ntokens == 0) folds a row by folds_at (its ring fills, or the phase says so); a verify of up to
-// `ntokens` tokens a row (num_tokens[r], or ntokens for every row when null) folds it early when its window does not
-// fit the ring: cursor + tokens > ring_len (mamba2/verify.cuh, gdn/kernels.cuh).
+// order[0, batch): the rows whose slot folds at this step (folds_at: its ring fills, or the phase says so) in row
+// order, marked with
+// kOrderFolds, then the others (pad rows and out-of-range slots among them: the replay kernel skips or rejects
+// those). One block.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) fold_first_order_kernel(const void* slot_ids, bool slot_ids_int64, const int* cursor,
-                                                                    const int* fold_phase, const int* num_tokens, int ntokens,
-                                                                    int64_t num_slots, int ring_len, int batch, int* order) {
+                                                                    const int* fold_phase, int64_t num_slots, int ring_len,
+                                                                    int batch, int* order) {
   __shared__ int warp_folds[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int phase = fold_phase ? fold_phase[0] : -1;
   auto folds = [&](int r) {
     if (r >= batch) return false;
     const int64_t slot = slot_at(slot_ids, slot_ids_int64, r);
-    if (slot < 0 || slot >= num_slots) return false;
-    if (ntokens > 0) return cursor[slot] + (num_tokens ? num_tokens[r] : ntokens) > ring_len;
-    return folds_at(cursor[slot], phase, ring_len);
+    return slot >= 0 && slot < num_slots && folds_at(cursor[slot], phase, ring_len);
   };
   int total = 0;
   for (int r0 = 0; r0 < batch; r0 += kThreads) total += __syncthreads_count(folds(r0 + threadIdx.x));
@@ -128,20 +125,9 @@ inline int* fold_first_order(int* order, const void* slot_ids, bool slot_ids_int
                              cudaStream_t stream) {
   const int knob = tune_knob("replay_fold_first");
   if (order == nullptr || knob == 0 || (knob < 0 && (!wanted || blocks <= resident))) return nullptr;
-  fold_first_order_kernel<1024><<<1, 1024, 0, stream>>>(slot_ids, slot_ids_int64, cursor, fold_phase, nullptr, 0, num_slots, ring_len,
-                                                        batch, order);
+  fold_first_order_kernel<1024><<<1, 1024, 0, stream>>>(slot_ids, slot_ids_int64, cursor, fold_phase, num_slots, ring_len, batch,
+                                                        order);
   check_cuda(cudaGetLastError(), "fold_first_order kernel launch");
-  return order;
-}
-
-// The same for a verify launch (rows that fold early first; `num_tokens` may be null). Off by default: REPLAYSSM_TUNE
-// verify_fold_first=1 forces it on (bench/NOTES.md, session 43).
-inline int* verify_fold_first_order(int* order, const void* slot_ids, bool slot_ids_int64, const int* cursor, const int* num_tokens,
-                                    int ntokens, int64_t num_slots, int ring_len, int batch, cudaStream_t stream) {
-  if (order == nullptr || tune_knob("verify_fold_first") <= 0) return nullptr;
-  fold_first_order_kernel<1024><<<1, 1024, 0, stream>>>(slot_ids, slot_ids_int64, cursor, nullptr, num_tokens, ntokens, num_slots,
-                                                        ring_len, batch, order);
-  check_cuda(cudaGetLastError(), "verify fold_first_order kernel launch");
   return order;
 }
 

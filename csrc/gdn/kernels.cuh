@@ -60,7 +60,6 @@
 //   gdn_replay_split   0: the replay step's rows per block as the bps split gives them (default: rounded up to split a
 //                      key head's rows evenly)
 //   replay_fold_first  0 / 1: as for the Mamba-2 replay step (mamba2/kernels.cuh; common/fold_order.cuh)
-//   verify_fold_first  1: gdn_replay_verify's rows that fold early first (mamba2/kernels.cuh; default 0)
 //   fold_pair          an fp32 checkpoint's folding steps: 1 two row iterations per trip (each float4 of the ring-k
 //                      tile read once for both rows), 0 one; default: two (since session 37; before, only past one
 //                      resident wave, as for the Mamba-2 replay step); 16-bit activations only
@@ -1094,7 +1093,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                 "the tensor-core row loop streams an fp32 checkpoint as it is, 32 columns of 64 rows an iteration");
   using MmaGeom = GdnVerifyMma<kK>;
   const GdnReplayCacheParams& c = p.cache;
-  const int b = p.row_order ? order_row(p.row_order[blockIdx.z]) : blockIdx.z, h = blockIdx.y;  // h: the key head (b: fold-first order)
+  const int b = blockIdx.z, h = blockIdx.y;  // h: the key head
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_verify: slot_ids[%d] = %lld is out of range", b, (long long)slot);
@@ -1667,10 +1666,7 @@ void launch_gdn_replay_verify(const GdnReplayParams& p, cudaStream_t stream) {
                                                   : c.view_head_stride == int64_t(V) * c.view_row_stride;
   auto kernel = gdn_replay_verify_rowpass_kernel<ckpt_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, src_t, kMma>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_verify shared memory");
-  GdnReplayParams q = p;  // rows that fold early first (REPLAYSSM_TUNE verify_fold_first; common/fold_order.cuh)
-  q.row_order = verify_fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_tokens, p.ntokens, p.num_slots,
-                                        c.ring_len, p.batch, stream);
-  kernel<<<grid, kThreads, smem, stream>>>(q, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, flat);
+  kernel<<<grid, kThreads, smem, stream>>>(p, rows_per_block, heads_for(rows_per_block), vec.u, vec.k, vec.v, flat);
   check_cuda(cudaGetLastError(), "gdn_replay_verify kernel launch");
 }
 

@@ -75,7 +75,7 @@ struct GdnReplayCacheParams {
 
 struct GdnReplayParams : GdnTokenParams {
   GdnReplayCacheParams cache;
-  // On CUDA: batch ints of device memory for the fold-first row order (common/fold_order.cuh; replay step and verify); the
+  // Replay step on CUDA: batch ints of device memory for the fold-first row order (common/fold_order.cuh); the
   // launcher passes the kernel the order it filled there, or null (the grid's order).
   int* row_order = nullptr;
   // Replay step: 1 = only the first row iteration's copies ahead of the ring's (REPLAYSSM_TUNE replay_stage0_first;

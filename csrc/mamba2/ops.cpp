@@ -348,11 +348,6 @@ void mamba2_replay_verify(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tenso
     p.num_tokens = num_tokens->data_ptr<int>();
   }
   if (p.batch == 0) return;
-  Tensor order;  // on CUDA, the memory of the fold-first row order (common/fold_order.cuh)
-  if (x.is_cuda()) {
-    order = at::empty({p.batch}, x.options().dtype(at::kInt));
-    p.row_order = order.data_ptr<int>();
-  }
   RSSM_RUN(x.device(), p, mamba2_replay_verify);
 }
 

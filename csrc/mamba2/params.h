@@ -92,9 +92,6 @@ struct Mamba2ReplayVerifyParams : Mamba2TokenParams {
   const int* num_tokens = nullptr;  // (batch,) tokens of each row, 1..T, or null: T for every row
   int64_t x_token_stride = 0, dt_token_stride = 0, B_token_stride = 0, C_token_stride = 0, z_token_stride = 0,
           out_token_stride = 0;
-  // On CUDA: batch ints of device memory for the fold-first row order (common/fold_order.cuh,
-  // verify_fold_first_order); the launcher passes the kernel the order it filled there, or null (the grid's order).
-  int* row_order = nullptr;
 };
 
 // Writes the state at each slot's current cursor (checkpoint with the ring folded in) to out.

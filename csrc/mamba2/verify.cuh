@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   using Layout = RowLayout<src_t, kN, kThreads, 1, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane, kVec = Layout::kVec;
   const Mamba2ReplayCacheParams& c = p.cache;
-  const int b = p.row_order ? order_row(p.row_order[blockIdx.z]) : blockIdx.z, g = blockIdx.y;  // (b: fold-first order)
+  const int b = blockIdx.z, g = blockIdx.y;
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) return;
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_verify: slot_ids[%d] = %lld is out of range", b, (long long)slot);
@@ -535,10 +535,7 @@ void launch_mamba2_replay_verify(const Mamba2ReplayVerifyParams& p, cudaStream_t
   const int smem_bytes = smem_for(rows_per_block);
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes), "mamba2_replay_verify shared memory");
   const dim3 grid((group_rows + rows_per_block - 1) / rows_per_block, p.ngroups, p.batch);
-  Mamba2ReplayVerifyParams q = p;  // rows that fold early first (REPLAYSSM_TUNE verify_fold_first; common/fold_order.cuh)
-  q.row_order = verify_fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_tokens, p.ntokens, p.num_slots,
-                                        c.ring_len, p.batch, stream);
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(q, rows_per_block, heads_for(rows_per_block), io_vec);
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, rows_per_block, heads_for(rows_per_block), io_vec);
   check_cuda(cudaGetLastError(), "mamba2_replay_verify kernel launch");
 }
 
