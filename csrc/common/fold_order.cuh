@@ -40,14 +40,16 @@ __device__ __forceinline__ int fold_phase_count_in(int* fold_phase, int rows) {
 }
 // Thread 0 at the block's end: `counted` its count_in's answer, `row_last` whether it arrived last for its slot. (A
 // count that was not 0 at the launch, which only a hand-written fold_phase gives, would let a block advance the phase
-// before others have read it: the blocks that count past the grid trap instead of going on quietly.)
-__device__ __forceinline__ void fold_phase_count_out(int* fold_phase, int rows, int counted, bool row_last, int phase, int ring_len) {
+// before others have read it: the blocks that count past the grid trap instead of going on quietly.) The block that
+// advances the phase reads it again (no block writes it before this one: the value every block read), so that the
+// kernels need not keep it in a register through their row loops (bench/NOTES.md, session 43).
+__device__ __forceinline__ void fold_phase_count_out(int* fold_phase, int rows, int counted, bool row_last, int ring_len) {
   if (fold_phase == nullptr) return;
   const int total = int(gridDim.x * gridDim.y * gridDim.z);
   RSSM_DEVICE_CHECK(rows <= 1 || counted < total, "replay step: fold_phase[1] was %d, not 0, at the launch", counted - total + 1);
   if (rows > 1 ? counted == total - 1 : row_last) {
     fold_phase[1] = 0;
-    fold_phase[0] = next_phase(phase, ring_len);
+    fold_phase[0] = next_phase(__ldcg(fold_phase), ring_len);
   }
 }
 // A pad row's block (all its threads call it; thread 0 acts): counts in, and advances the phase if last.
@@ -56,9 +58,8 @@ __device__ __forceinline__ void fold_phase_pad_block(int* fold_phase, int rows, 
   const int total = int(gridDim.x * gridDim.y * gridDim.z);
   const int counted = rows > 1 ? atomicAdd(fold_phase + 1, 1) : 0;
   if (rows > 1 ? counted >= total - 1 : first_of_row) {  // (nobody writes before this)
-    const int phase = __ldcg(fold_phase);
-    check_fold_phase(fold_phase, phase, ring_len, "replay step (a pad row)");
-    fold_phase_count_out(fold_phase, rows, counted, true, phase, ring_len);
+    check_fold_phase(fold_phase, __ldcg(fold_phase), ring_len, "replay step (a pad row)");
+    fold_phase_count_out(fold_phase, rows, counted, true, ring_len);
   }
 }
 

@@ -60,6 +60,8 @@
 //   gdn_replay_split   0: the replay step's rows per block as the bps split gives them (default: rounded up to split a
 //                      key head's rows evenly)
 //   replay_fold_first  0 / 1: as for the Mamba-2 replay step (mamba2/kernels.cuh; common/fold_order.cuh)
+//   fold_phase_code    1: the replay step's four-blocks-an-SM kernels with the aligned folds' code for caches without
+//                      a phase too (default: without it there; launch_gdn_replay_step)
 //   fold_pair          an fp32 checkpoint's folding steps: 1 two row iterations per trip (each float4 of the ring-k
 //                      tile read once for both rows), 0 one; default: two (since session 37; before, only past one
 //                      resident wave, as for the Mamba-2 replay step); 16-bit activations only
@@ -333,7 +335,7 @@ struct GdnReplaySmem {
 //   instantiation (src_t == ckpt_t == float) compiles none of this (ops.cpp: on CUDA a fold counter comes only
 //   with a view or a 16-bit checkpoint).
 template <typename ckpt_t, typename src_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
-          bool kFoldPair = false, bool kLean = false>
+          bool kFoldPair = false, bool kLean = false, bool kPhase = true>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gdn_replay_step_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
                            const bool vec_k, const bool vec_v, const bool prefetch_ring, const bool ring_ahead) {
@@ -345,16 +347,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   using Layout = RowLayout<src_t, kK, kThreads, 1, kLanesPerRow>;
   constexpr int kLanes = Layout::kLanesPerRow, kVecs = Layout::kVecsPerLane, kCols = Layout::kColsPerLane;
   const GdnReplayCacheParams& c = p.cache;
+  // The aligned folds' phase (common/fold_order.cuh): !kPhase compiles none of its code (the launcher's choice for a
+  // cache without one where registers are tight).
+  int* const fold_phase = kPhase ? c.fold_phase : nullptr;
   const int b = p.row_order ? order_row(p.row_order[blockIdx.z]) : blockIdx.z, h = blockIdx.y;  // h: the key head (b: fold-first order)
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) {  // (waits first with PDL: no block of a step triggers before the launch ahead is done)
     pdl_wait();
-    fold_phase_pad_block(c.fold_phase, gridDim.z, blockIdx.x == 0 && blockIdx.y == 0, c.ring_len);
+    fold_phase_pad_block(fold_phase, gridDim.z, blockIdx.x == 0 && blockIdx.y == 0, c.ring_len);
     return;
   }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
   const int w = __ldcg(c.cursor + slot);  // in flight while the first loads are issued (L2: read before pdl_wait)
-  const int phase = read_fold_phase(c.fold_phase);  // (aligned folds; -1 without)
+  const int phase = read_fold_phase(fold_phase);  // (aligned folds; -1 without)
 
   const int ratio = p.nheads / p.nkheads, V = p.vdim, L = c.ring_len;
   const int row_begin = blockIdx.x * rows_per_block;
@@ -483,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   check_replay_cursor(w, L, slot, "gdn_replay_step");
-  check_fold_phase(c.fold_phase, phase, L, "gdn_replay_step");
+  check_fold_phase(fold_phase, phase, L, "gdn_replay_step");
   cp_async_commit();
   if (stage0_first)
 #pragma unroll
@@ -509,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   int arrived = 0, counted = 0;
   if (threadIdx.x == 0) {
     arrived = atomicAdd(&c.arrivals[slot], 1);
-    counted = fold_phase_count_in(c.fold_phase, gridDim.z);
+    counted = fold_phase_count_in(fold_phase, gridDim.z);
   }
 
   // ---- Block scalars: k_j . k_t, k_j . q_t (j == w: k_t . q_t) and the decays, as the Mamba-2 replay step's lean
@@ -782,7 +787,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         if (fold && c.fold_count != nullptr) c.fold_count[slot] += 1;
       }
     }
-    fold_phase_count_out(c.fold_phase, gridDim.z, counted, row_last, phase, L);
+    fold_phase_count_out(fold_phase, gridDim.z, counted, row_last, L);
   }
 }
 // Speculative verification (MATH.md, "Verifying T tokens at once"; replay_cpu(verify=true) in cpu.cpp): early
@@ -1944,12 +1949,23 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
   const bool lean = tune_knob("stream_lean") != 0 &&
                     int64_t(ratio) * head_stride + int64_t(V) * row_stride < (int64_t(1) << 31) && head_stride < (int64_t(1) << 31);
-  auto kernel = lean ? gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, false, true>
-                     : gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, false, false>;
+  // A cache without a fold phase gets, at four blocks an SM (128 registers), the kernel without the phase's code: with
+  // it the GDN view's lean kernel spills (ptxas: 56 bytes, 44 with the phase read again at the end), the suspected cause
+  // of the view timing 3-16% slower at batch 32-256 in session 42 than in 38 (H100s, bench/NOTES.md session 43; not yet
+  // measured in one run). At three blocks an SM there are registers to spare.
+  // REPLAYSSM_TUNE fold_phase_code=1: the kernel with the phase's code regardless (the form before).
+  const bool phase = kMinBlocks != 4 || c.fold_phase != nullptr || tune_knob("fold_phase_code") > 0;
+  auto pick = [&](auto pair_c, auto lean_c) {
+    constexpr bool kP = decltype(pair_c)::value, kL = decltype(lean_c)::value;
+    if constexpr (kMinBlocks == 4)
+      if (!phase) return gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, kP, kL, false>;
+    return gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, kP, kL, true>;
+  };
+  using No = std::false_type;
+  using Yes = std::true_type;
+  auto kernel = lean ? pick(No{}, Yes{}) : pick(No{}, No{});
   if constexpr (kCanPair)
-    if (pair)
-      kernel = lean ? gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, true, true>
-                    : gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, true, false>;
+    if (pair) kernel = lean ? pick(Yes{}, Yes{}) : pick(Yes{}, No{});
   if (smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_step shared memory");
   GdnReplayParams q = p;

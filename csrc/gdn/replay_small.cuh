@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(256, 1) gdn_replay_step_small_kernel(const Gdn
       atomicSub(&c.arrivals[slot], blocks_per_slot);  // zero again for the next launch
       c.cursor[slot] = fold ? 0 : w + 1;
     }
-    fold_phase_count_out(c.fold_phase, gridDim.z, counted, row_last, phase, L);
+    fold_phase_count_out(c.fold_phase, gridDim.z, counted, row_last, L);
   }
 }
 

@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(256, 1) mamba2_replay_step_small_kernel(const 
       c.cursor[slot] = fold ? 0 : w + 1;
       if (fold && c.fold_count) c.fold_count[slot] = c.fold_count[slot] + 1;
     }
-    fold_phase_count_out(c.fold_phase, gridDim.y, counted, row_last, phase, L);
+    fold_phase_count_out(c.fold_phase, gridDim.y, counted, row_last, L);
   }
 }
 

@@ -630,7 +630,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       c.cursor[slot] = fold ? 0 : w + 1;
       if (fold && c.fold_count) c.fold_count[slot] = int(fold_no) + 1;
     }
-    fold_phase_count_out(c.fold_phase, gridDim.z, counted, row_last, phase, L);
+    fold_phase_count_out(c.fold_phase, gridDim.z, counted, row_last, L);
   }
 }
 
