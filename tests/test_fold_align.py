@@ -162,7 +162,10 @@ def test_cuda_aligned_folds_equal_the_cpu(monkeypatch, model, rows, graph):
         if live:
             assert rel_err(got_out[:, live], want_out[:, live]) < tolerance(made.act, torch.float32), tune
             slots = [ids[i] for i in live]
-            assert rel_err(got["checkpoint"][slots], want.checkpoint[slots]) < 1e-4, tune
+            # fp32 checkpoints from the same inputs, summed in another order: fp32 arithmetic over a few folds
+            # (tolerance(fp32, fp32) ~ 2e-5, the bound test_numerics and test_speculative hold GPU folds to)
+            err = rel_err(got["checkpoint"][slots], want.checkpoint[slots])
+            assert err < tolerance(torch.float32, torch.float32), (tune, err)
         others = sorted(set(range(num_slots)) - {s for s in ids if s != PAD_SLOT})
         assert torch.equal(got["checkpoint"][others], made.cache.checkpoint[others]), tune  # untouched
 
