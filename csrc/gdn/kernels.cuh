@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
   state_t* S = static_cast<state_t*>(p.state) + slot * p.state_slot_stride + int64_t(hv) * p.state_head_stride;
   const act_t* vin = static_cast<const act_t*>(p.v) + b * p.v_batch_stride + hv * p.v_head_stride;
   act_t* out = static_cast<act_t*>(p.out) + b * p.out_batch_stride + hv * p.out_head_stride;
-  auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
+  auto row_of = [&](int base, int u) { return Layout::row(base, u, warp, row_in_warp); };
   float s[kUnroll][kCols], vr[kUnroll];
   auto load_rows = [&](int base, bool state, bool inputs) {  // every load of the kUnroll rows issued before any is used
 #pragma unroll

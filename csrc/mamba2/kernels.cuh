@@ -68,6 +68,9 @@ struct RowLayout {
   // Column of element e of this lane's v-th vector: vectors of a row are interleaved across its lanes,
   // so one load instruction of a warp reads whole contiguous rows.
   __device__ static int col(int lane_in_row, int v, int e) { return (v * kLanesPerRow + lane_in_row) * kVec + e; }
+  // Row of unroll slot u of the iteration starting at row base, for the thread at (warp, row_in_warp): an iteration's
+  // kUnroll slots are whole blocks of rows, warps interleaved within each.
+  __device__ static int row(int base, int u, int warp, int row_in_warp) { return base + (u * kWarps + warp) * kRowsPerWarp + row_in_warp; }
 
   // This lane's columns of a row (16-byte streaming loads; zeros when !valid), and their store back.
   __device__ static void load_row(const state_t* row, int lane_in_row, bool valid, float (&s)[kColsPerLane]) {
@@ -232,7 +235,7 @@ __global__ void __launch_bounds__(kThreads) mamba2_step_kernel(const Mamba2StepP
   RSSM_DEVICE_CHECK(dst >= 0 && dst < p.num_slots, "mamba2_step: dst_slot_ids[%d] = %lld is out of range", b, (long long)dst);
   state_t* S_out = S + (dst - slot) * p.state_slot_stride;  // the new state's row (S itself in place)
   const act_t* x = static_cast<const act_t*>(p.x) + b * p.x_batch_stride + h * p.x_head_stride;
-  auto row_of = [&](int base, int u) { return base + (u * Layout::kWarps + warp) * Layout::kRowsPerWarp + row_in_warp; };
+  auto row_of = [&](int base, int u) { return Layout::row(base, u, warp, row_in_warp); };
   float s[kUnroll][Layout::kColsPerLane];
   float xv[kUnroll], zv[kUnroll];
   const act_t* z = static_cast<const act_t*>(p.z) + b * p.z_batch_stride + h * p.z_head_stride;
