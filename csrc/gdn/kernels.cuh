@@ -1950,9 +1950,9 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   const bool lean = tune_knob("stream_lean") != 0 &&
                     int64_t(ratio) * head_stride + int64_t(V) * row_stride < (int64_t(1) << 31) && head_stride < (int64_t(1) << 31);
   // A cache without a fold phase gets, at four blocks an SM (128 registers), the kernel without the phase's code: with
-  // it the GDN view's lean kernel spills (ptxas: 56 bytes, 44 with the phase read again at the end), the suspected cause
-  // of the view timing 3-16% slower at batch 32-256 in session 42 than in 38 (H100s, bench/NOTES.md session 43; not yet
-  // measured in one run). At three blocks an SM there are registers to spare.
+  // it the GDN view's lean kernel spills (ptxas: 56 bytes, 44 with the phase read again at the end); without it the view
+  // is 5.0% faster at batch 128 and 256, 14.4% at 32 (H100, one run: bench/results/session46/). At three blocks an SM
+  // there are registers to spare.
   // REPLAYSSM_TUNE fold_phase_code=1: the kernel with the phase's code regardless (the form before).
   const bool phase = kMinBlocks != 4 || c.fold_phase != nullptr || tune_knob("fold_phase_code") > 0;
   auto pick = [&](auto pair_c, auto lean_c) {
