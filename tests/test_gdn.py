@@ -703,3 +703,62 @@ def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph, alig
             # CUPTI unavailable (under compute-sanitizer it has another subscriber); the bits were checked above
             pytest.skip("the CUDA profiler recorded no kernel, so which kernel ran cannot be checked here")
         assert ran, [e.key for e in events]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("rows", [None, 48], ids=["default-rows", "rows48"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_cuda_view_tensor_core_rows_match_the_cuda_core_rows(monkeypatch, rows, graph):
+    """The GDN replay step with a bf16 view (K = 128, bf16 activations) takes the S k and S q of rows that do not fold
+    on tensor cores (the kernel's kMma: bf16 view rows against k_t and q_t each split into two bf16 parts, fp32 sums;
+    REPLAYSSM_TUNE gdn_view_mma=0 keeps them on the CUDA cores) whenever the launch has the fold-first row order
+    (forced here with replay_fold_first=1; by default grids past one resident wave), while folding rows keep the CUDA
+    cores. Over 2L + 3 tokens from random cursors (folding and non-folding rows in every launch), a pad row, slots out of
+    order, eager and in a CUDA graph, and with 48-row blocks (groups of 16 rows split unevenly over warps, blocks that
+    straddle value heads and end part-way): the corrections u (fp32) and the master agree with the CUDA cores' to the
+    split's accuracy (each k_t, q_t element kept to 2^-17 of itself, against fp32's 2^-24: 1e-4 leaves room for the
+    view's rare bf16 ties, as in test_numerics), the bf16 outputs to a unit of their last place, the view is the
+    master's rounding; and the two are not the same bits (the tensor-core rows ran)."""
+    seed = torch.randint(0, 2**31 - 1, ()).item()
+    gen = torch.Generator().manual_seed(seed)
+    HV, H, K, V, L = 4, 2, 128, 128, 4
+    batch, num_slots, dev, act = 5, 7, "cuda", torch.bfloat16
+    ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
+    ids[3] = PAD_SLOT
+    ids = ids.to(dev)
+    layer = GdnLayer(HV, H, K, V, dev, gen)
+    cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, output_view=torch.bfloat16, device=dev)
+    cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen) * 0.1)
+    cache.view.copy_(cache.checkpoint.to(torch.bfloat16))
+    cache.ring_u.copy_(torch.randn(cache.ring_u.shape, generator=gen) * 0.1)
+    cache.ring_k.copy_(torch.nn.functional.normalize(torch.randn(cache.ring_k.shape, generator=gen), dim=-1))
+    cache.ring_g.copy_(-torch.rand(cache.ring_g.shape, generator=gen) * 0.1)
+    cache.cursor.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))
+    tokens = 2 * L + 3
+    inputs = token_inputs(layer, batch, act, gen, tokens, ("q", "k", "v", "a", "b"))
+    outs = torch.full((tokens, batch, HV, V), float("nan"), dtype=act, device=dev)
+    tune = "replay_fold_first=1" + (f",gdn_replay_rows={rows},gdn_replay_prefetch=0" if rows else "")
+
+    def one_token(pools, q, k, v, a, b, out):
+        replayssm.gdn_replay_step(pools[0], q, k, v, a, b, layer.A_log, slot_ids=ids, dt_bias=layer.dt_bias, out=out)
+
+    def chain(env):
+        out = outs.clone()
+        return out, run_chain(monkeypatch, env, one_token, [clone_cache(cache)], inputs, out, graph)[0]
+
+    want_out, want = chain({"REPLAYSSM_PDL": "0", "REPLAYSSM_TUNE": tune + ",gdn_view_mma=0"})
+    got_out, got = chain({"REPLAYSSM_PDL": "0", "REPLAYSSM_TUNE": tune})
+    live = [0, 1, 2, 4]
+    assert torch.isnan(got_out[:, 3]).all() and torch.isfinite(got_out[:, live].float()).all()
+    assert rel_err(got_out[:, live], want_out[:, live].double()) < 2.0**-8
+    for name in ("ring_u", "checkpoint"):
+        assert rel_err(got[name], want[name].double()) < 1e-4, name
+    assert not torch.equal(got["ring_u"], want["ring_u"])  # (the tensor-core rows ran: other fp32 sums)
+    assert torch.equal(got["view"], got["checkpoint"].to(torch.bfloat16))
+    for name in ("cursor", "ring_k", "ring_g"):
+        assert torch.equal(got[name], want[name]), name
+    assert (got["arrivals"] == 0).all()
+    pad_free = sorted(set(range(num_slots)) - set(ids[live].cpu().tolist()))
+    for name in ("checkpoint", "view", "ring_u", "ring_k", "ring_g", "cursor"):
+        assert torch.equal(got[name][pad_free], getattr(cache, name)[pad_free]), name
