@@ -707,19 +707,18 @@ def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph, alig
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-@pytest.mark.parametrize("rows", [None, 48], ids=["default-rows", "rows48"])
+@pytest.mark.parametrize("tune", ["", "gdn_replay_rows=48,gdn_replay_prefetch=0", "stream_lean=0"], ids=["default", "rows48", "wide"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_cuda_view_tensor_core_rows_match_the_cuda_core_rows(monkeypatch, rows, graph):
-    """The GDN replay step with a bf16 view (K = 128, bf16 activations) takes the S k and S q of rows that do not fold
-    on tensor cores (the kernel's kMma: bf16 view rows against k_t and q_t each split into two bf16 parts, fp32 sums;
-    REPLAYSSM_TUNE gdn_view_mma=0 keeps them on the CUDA cores) whenever the launch has the fold-first row order
-    (forced here with replay_fold_first=1; by default grids past one resident wave), while folding rows keep the CUDA
-    cores. Over 2L + 3 tokens from random cursors (folding and non-folding rows in every launch), a pad row, slots out of
-    order, eager and in a CUDA graph, and with 48-row blocks (groups of 16 rows split unevenly over warps, blocks that
-    straddle value heads and end part-way): the corrections u (fp32) and the master agree with the CUDA cores' to the
-    split's accuracy (each k_t, q_t element kept to 2^-17 of itself, against fp32's 2^-24: 1e-4 leaves room for the
-    view's rare bf16 ties, as in test_numerics), the bf16 outputs to a unit of their last place, the view is the
-    master's rounding; and the two are not the same bits (the tensor-core rows ran)."""
+def test_cuda_view_tensor_core_dots_match_the_cuda_cores(monkeypatch, tune, graph):
+    """The GDN replay step with a bf16 view (K = 128, bf16 activations, the default view layout) forms each row's S k
+    and S q on tensor cores (the kernel's kMma: the view's bf16 rows against k_t and q_t each split into two bf16
+    parts, fp32 sums; REPLAYSSM_TUNE gdn_view_mma=0 keeps the CUDA cores' FFMA). Over 2L + 3 tokens from random
+    cursors (folding and non-folding rows in every launch), a pad row, slots out of order, eager and in a CUDA graph,
+    with 48-row blocks (straddling value heads, ending part-way through a row iteration) and with 64-bit row
+    addresses: the corrections u (fp32) and the master agree with the CUDA cores' to the split's accuracy (k_t and q_t
+    kept to 2^-17 of each element against fp32's 2^-24; 1e-4 leaves room for the view's rare bf16 ties, as in
+    test_numerics.py), the bf16 outputs to a unit of their last place, the view is the master's rounding, the rest
+    of the cache the same bits; and the two are not the same bits (the tensor-core dots ran)."""
     seed = torch.randint(0, 2**31 - 1, ()).item()
     gen = torch.Generator().manual_seed(seed)
     HV, H, K, V, L = 4, 2, 128, 128, 4
@@ -738,7 +737,6 @@ def test_cuda_view_tensor_core_rows_match_the_cuda_core_rows(monkeypatch, rows, 
     tokens = 2 * L + 3
     inputs = token_inputs(layer, batch, act, gen, tokens, ("q", "k", "v", "a", "b"))
     outs = torch.full((tokens, batch, HV, V), float("nan"), dtype=act, device=dev)
-    tune = "replay_fold_first=1" + (f",gdn_replay_rows={rows},gdn_replay_prefetch=0" if rows else "")
 
     def one_token(pools, q, k, v, a, b, out):
         replayssm.gdn_replay_step(pools[0], q, k, v, a, b, layer.A_log, slot_ids=ids, dt_bias=layer.dt_bias, out=out)
@@ -747,14 +745,15 @@ def test_cuda_view_tensor_core_rows_match_the_cuda_core_rows(monkeypatch, rows, 
         out = outs.clone()
         return out, run_chain(monkeypatch, env, one_token, [clone_cache(cache)], inputs, out, graph)[0]
 
-    want_out, want = chain({"REPLAYSSM_PDL": "0", "REPLAYSSM_TUNE": tune + ",gdn_view_mma=0"})
+    sep = "," if tune else ""
+    want_out, want = chain({"REPLAYSSM_PDL": "0", "REPLAYSSM_TUNE": tune + sep + "gdn_view_mma=0"})
     got_out, got = chain({"REPLAYSSM_PDL": "0", "REPLAYSSM_TUNE": tune})
     live = [0, 1, 2, 4]
     assert torch.isnan(got_out[:, 3]).all() and torch.isfinite(got_out[:, live].float()).all()
     assert rel_err(got_out[:, live], want_out[:, live].double()) < 2.0**-8
     for name in ("ring_u", "checkpoint"):
         assert rel_err(got[name], want[name].double()) < 1e-4, name
-    assert not torch.equal(got["ring_u"], want["ring_u"])  # (the tensor-core rows ran: other fp32 sums)
+    assert not torch.equal(got["ring_u"], want["ring_u"])  # (the tensor-core dots ran: other fp32 sums)
     assert torch.equal(got["view"], got["checkpoint"].to(torch.bfloat16))
     for name in ("cursor", "ring_k", "ring_g"):
         assert torch.equal(got[name], want[name]), name

@@ -75,9 +75,8 @@
 //   gdn_verify_4bps    0: the tensor-core loop at three blocks an SM with three 32-column stages (default: four blocks
 //                      an SM, two stages, where they keep the rows three get; session 31; 16-column stages lost in
 //                      session 32, bench/patches/gdn-verify-16col.patch)
-//   gdn_view_mma       0: a bf16 view's rows (K = 128, the default view layout, no fold phase) on the CUDA cores
-//                      only; default: the rows of steps that do not fold take S k and S q on tensor cores wherever the
-//                      launch has the fold-first row order (launch_gdn_replay_step)
+//   gdn_view_mma       0: a bf16 view's row loop (K = 128, the default view layout, no fold phase) on the CUDA cores;
+//                      default: its S k and S q on tensor cores (launch_gdn_replay_step)
 //   gdn_replay_small   the replay step's small kernel (replay_small.cuh): 2 (default) for grids of at most two
 //                      blocks per SM, 1 whenever the shape allows, 0 never
 #pragma once
@@ -284,13 +283,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
   }
 }
 
-// The replay step's kMma rows (a bf16 view, K = 128): d += A B for one m16n8k16 bf16 tile, fp32 accumulation (PTX
-// fragments, g = lane / 4, t = lane % 4: a0 (row g, k 2t, 2t + 1), a1 (row g + 8, the same k), a2 (row g, k 2t + 8,
-// 2t + 9), a3 (row g + 8, those k); b0 (k 2t, 2t + 1, column g), b1 (k 2t + 8, 2t + 9, column g); d0, d1 (row g,
-// columns 2t, 2t + 1), d2, d3 (row g + 8)), and an fp32 pair as a bf16x2 word (low half the first): its bf16
-// rounding (lo false) or the bf16 rounding of what that leaves (lo true). x = hi + lo + r with |r| <= 2^-17 |x|: a
-// dot of bf16 rows with hi and lo columns summed is within ~2^-17 of the fp32 dot (the view's own rounding, 2^-9, is
-// 256 times that).
+// The replay step's kMma dots (a bf16 view of K = 128 columns in the default view layout): d += A B for one m16n8k16
+// bf16 tile with fp32 accumulation (PTX fragments, g = lane / 4, t = lane % 4: a0 (row g, k 2t, 2t + 1), a1 (row
+// g + 8, the same k), a2 (row g, k 2t + 8, 2t + 9), a3 (row g + 8, those k); b0 (k 2t, 2t + 1, column g), b1 (k 2t
+// + 8, 2t + 9, column g); d0, d1 (row g, columns 2t, 2t + 1), d2, d3 (row g + 8)); and an fp32 pair as a bf16x2 word
+// (low half the first): the pair's bf16 rounding (lo false) or the bf16 rounding of what that leaves (lo true).
+// x = hi + lo + r with |r| <= 2^-17 |x|, so a bf16 row's dot with the hi and the lo parts, summed in fp32, is within
+// ~2^-17 of its fp32 dot (the view's own rounding, 2^-9, is 256 times that).
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                                uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
@@ -372,11 +371,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // The aligned folds' phase (common/fold_order.cuh): !kPhase compiles none of its code (the launcher's choice for a
   // cache without one where registers are tight).
   int* const fold_phase = kPhase ? c.fold_phase : nullptr;
-  const int entry = p.row_order ? p.row_order[blockIdx.z] : int(blockIdx.z);
-  const int b = order_row(entry), h = blockIdx.y;  // h: the key head (b: fold-first order)
-  // kMma (a bf16 view, K = 128; the launcher gives it the fold-first order): the rows of a step that does not fold,
-  // as the order says before the cursor is read, stream in the tensor cores' layout (mma_view_rows below).
-  const bool mma_rows = kMma && p.row_order != nullptr && !order_folds(entry);
+  const int b = p.row_order ? order_row(p.row_order[blockIdx.z]) : blockIdx.z, h = blockIdx.y;  // h: the key head (b: fold-first order)
   const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
   if (slot == kPadSlot) {  // (waits first with PDL: no block of a step triggers before the launch ahead is done)
     pdl_wait();
@@ -443,39 +438,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int src_row_stride = int(kView ? c.view_row_stride : c.ckpt_row_stride);
   // Start copying this thread's vectors of iteration `it` into staging stage `stage` (= it % kStages; an empty
   // group past the end).
-  // kMma rows (mma_rows): warp w's 16-row groups are the block's groups w, w + kWarps, ...; a group takes four of
-  // the warp's iterations, its segments s = it % 4 of 32 columns. Lane (g, t) copies 16 bytes of the group's rows
-  // g and g + 8 (staging vectors 0 and 1): columns 32 s + 8 t .. + 7, the A fragments of the segment's two mma tiles
-  // (the dots are sums over the columns, in any order: B takes k_t's and q_t's values at the same columns). A warp's
-  // copy reads 64 contiguous bytes of each of 8 rows.
-  constexpr int kWarps = kThreads / 32;
-  const int mg = lane >> 2, mt = lane & 3;
-  const int n_grp = (nrows + 15) / 16;
-  const int n_itw = kMma && n_grp > warp ? 4 * ((n_grp - warp + kWarps - 1) / kWarps) : 0;
-  RowPos mpos_a{0, 0, 0}, mpos_b{0, 0, 0};  // the rows g and g + 8 of the warp's next group
-  if constexpr (kMma) {
-    const int ra = row_begin + warp * 16 + mg, rb = ra + 8;
-    mpos_a = RowPos{ra, ra / V - head_begin, ra % V};
-    mpos_b = RowPos{rb, rb / V - head_begin, rb % V};
-  }
-  const src_t* mma_lane = kMma && kLean ? src_row(RowPos{0, 0, 0}) + 8 * mt : nullptr;
-  auto mma_src = [&](const RowPos& q) {
-    if constexpr (kLean) return mma_lane + (q.hl * src_head_stride + q.i * src_row_stride);
-    else return src_row(q) + 8 * mt;
-  };
-  auto issue_mma = [&](int it, int stage) {
-    if (it < n_itw) {
-      const int seg = (it & 3) * 32;
-      if (mpos_a.r < row_end) cp_async16(&staging[(stage * 2) * kThreads + threadIdx.x], mma_src(mpos_a) + seg);
-      if (mpos_b.r < row_end) cp_async16(&staging[(stage * 2 + 1) * kThreads + threadIdx.x], mma_src(mpos_b) + seg);
-      if ((it & 3) == 3) mpos_a.advance<16 * kWarps>(V), mpos_b.advance<16 * kWarps>(V);
-    }
-    cp_async_commit();
-  };
   auto issue = [&](int it, int stage) {
-    if constexpr (kMma) {
-      if (mma_rows) return issue_mma(it, stage);
-    }
     if (it < n_iter && copy_pos.r < row_end)
       copy_row_async<Layout, kThreads, kLean>(staging, stage, copy_pos, src_lane, src_head_stride, src_row_stride, lane_in_row,
                                               src_row);
@@ -618,15 +581,35 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   __syncthreads();
-  RSSM_DEVICE_CHECK(!mma_rows || !fold, "gdn_replay_step: slot %lld folds at cursor %d, but the row order said not", (long long)slot, w);
-  float kv[kCols], qv[kCols];  // this lane's columns of k_t and q_t (not for kMma rows)
-  if (!mma_rows) {
+  float kv[kCols], qv[kCols];  // this lane's columns of k_t and q_t (kMma: k_t's only, for the fold)
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v)
+  for (int v = 0; v < kVecs; ++v)
 #pragma unroll
-      for (int e = 0; e < Layout::kVec; ++e) {
-        kv[v * Layout::kVec + e] = kn[Layout::col(lane_in_row, v, e)];
-        qv[v * Layout::kVec + e] = qn[Layout::col(lane_in_row, v, e)];
+    for (int e = 0; e < Layout::kVec; ++e) {
+      kv[v * Layout::kVec + e] = kn[Layout::col(lane_in_row, v, e)];
+      if constexpr (!kMma) qv[v * Layout::kVec + e] = qn[Layout::col(lane_in_row, v, e)];
+    }
+  // kMma: the row loop's S k and S q on tensor cores, from the staging vectors as they are (lane l of row r holds
+  // columns 8 l .. + 7 and 64 + 8 l .. + 7). A warp's 4 rows x 128 columns are an A of 16 rows: row g of the tiles
+  // (lane 4g + t) is row g / 2's part g % 2 (columns 32 (g % 2) + 8 t + 0..7: its first vector), row g + 8 its part
+  // 2 + g % 2 (its second vector); the dot sums a part's 32 columns in any order, so each lane's 8 columns are the k of
+  // its two tiles (4 each, in the order a0, a2), and B takes k_t's and q_t's values at the same columns. B's column n
+  // serves parts n / 4 (B1, for tile rows g) or 2 + n / 4 (B2, rows g + 8), as k_t (n % 4 = 0: its bf16 rounding,
+  // 1: the rest's) or q_t (2, 3); an mma with B1 gets zeros for rows g + 8 and one with B2 for rows g, so that one
+  // accumulator takes both and lane 4g + t's d0 + d1 + d2 + d3 is part g % 2 plus part 2 + g % 2 of S k (t = 2 (g %
+  // 2)) or S q (t = 2 (g % 2) + 1) of row g / 2: lanes 8r, 8r + 6 (S k) and 8r + 1, 8r + 7 (S q) hold row r's halves.
+  uint32_t bq[kMma ? 8 : 1];
+  if constexpr (kMma) {
+    static_assert(kK == 128 && kLanes == 8 && kVecs == 2 && std::is_same_v<src_t, __nv_bfloat16>, "kMma: a bf16 view, K = 128");
+    const int mg = lane >> 2, mt = lane & 3;
+    const float* x = (mg & 3) < 2 ? kn : qn;
+#pragma unroll
+    for (int b2 = 0; b2 < 2; ++b2)
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        const int col = 32 * (2 * b2 + mg / 4) + 8 * mt + 4 * kk;
+        bq[4 * b2 + 2 * kk] = bf16_split_pair(x[col], x[col + 1], mg & 1);
+        bq[4 * b2 + 2 * kk + 1] = bf16_split_pair(x[col + 2], x[col + 3], mg & 1);
       }
   }
   const float kq_t = kq[w];
@@ -674,75 +657,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // well, they would not fit). Per row the same arithmetic in the same order as the loop below: the same bits.
   static_assert(!kFoldPair || (!kView && !kNarrow), "row pairs are an fp32 checkpoint's fold");
   const bool pair_fold = kFoldPair && fold;
-  if (mma_rows) {
-    if constexpr (kMma) {
-      static_assert(kStages == 4 && kThreads == 128 && kK == 128 && kVecs == 2 && std::is_same_v<src_t, __nv_bfloat16>,
-                    "kMma: a bf16 view of K = 128 columns, four stages of two vectors a thread");
-      // B of the segment s tiles (mma_bf16_16816): column n = g of lane (g, t) holds k_t (n 0: its bf16 rounding, 1:
-      // the rest's) and q_t (2, 3) at the lane's columns 32 s + 8 t + 4 m + 0..3 of tile m; columns 4-7 zero. Lane t
-      // of row g's tile then gets (d0 + d1, d2 + d3) = S k of rows g and g + 8 for t = 0, S q for t = 1.
-      uint32_t bfrag[4][2][2];
-      const float* bvec = mg < 2 ? kn : qn;
-#pragma unroll
-      for (int sg = 0; sg < 4; ++sg)
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int col = 32 * sg + 8 * mt + 4 * m + 2 * hf;
-            bfrag[sg][m][hf] = mg < 4 ? bf16_split_pair(bvec[col], bvec[col + 1], mg & 1) : 0u;
-          }
-      // A row's epilogue, as the loop below defers it (the ring's part of both products, u, the output, the ring
-      // append) for row r of the key head's rows, given its view products sk, sq.
-      auto finish_row = [&](int r, float sk, float sq) {
-        const int hv_rel = r / V, hp = hv_rel - head_begin, ip = r - hv_rel * V, rp = r - row_begin;
-        const float dcy = decay[hp];
-        sk *= dcy, sq *= dcy;
-        const float* whp = weight + hp * L;
-#pragma unroll 4
-        for (int j = 0; j < w; ++j) {
-          const float wu = whp[j] * ru[j * ts + rp];
-          sk = fmaf(wu, kk[j], sk), sq = fmaf(wu, kq[j], sq);
-        }
-        const float alpha = al[hp];
-        const float u = bt[hp] * (to_float(vt[rp]) - alpha * sk);
-        out[hp * p.out_head_stride + ip] = from_float<act_t>(alpha * sq + u * kq_t);
-        ring_u_w[hp * c.ring_u_head_stride + ip] = u;
-      };
-      // A lane's pending row: after a pair of groups every lane holds one (lanes t = 0, 1 the first group's, t = 2,
-      // 3 the second's), whose epilogue then runs on the whole warp.
-      float sk_p = 0.f, sq_p = 0.f;
-      int row_p = -1, r_a = row_begin + warp * 16 + mg;  // r_a: row g of the warp's group
-      const int n_grp_w = n_itw / 4;
-      for (int gi = 0; gi < n_grp_w; ++gi) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int sg = 0; sg < 4; ++sg) {  // iteration 4 gi + sg, in stage sg (kStages == 4)
-          issue_mma(4 * gi + sg + kStages - 1, (sg + kStages - 1) % kStages);
-          cp_async_wait<kStages - 1>();
-          const uint4 ra = staging[(sg * 2) * kThreads + threadIdx.x], rb = staging[(sg * 2 + 1) * kThreads + threadIdx.x];
-          mma_bf16_16816(acc, ra.x, rb.x, ra.y, rb.y, bfrag[sg][0][0], bfrag[sg][0][1]);
-          mma_bf16_16816(acc, ra.z, rb.z, ra.w, rb.w, bfrag[sg][1][0], bfrag[sg][1][1]);
-        }
-        // t = 0 holds S k of rows g, g + 8, t = 1 S q: t = 0 takes row g, t = 1 row g + 8 (one exchange).
-        const float v0 = acc[0] + acc[1], v1 = acc[2] + acc[3];
-        const float x = __shfl_xor_sync(0xffffffffu, (mt & 1) ? v0 : v1, 1);
-        const float sk = (mt & 1) ? x : v0, sq = (mt & 1) ? v1 : x;
-        const int r = r_a + ((mt & 1) << 3);
-        if ((gi & 1) == 0) {
-          if (mt < 2) sk_p = sk, sq_p = sq, row_p = r;
-        } else {  // lanes t = 2, 3 take lanes t - 2's rows of this group
-          const float sk2 = __shfl_xor_sync(0xffffffffu, sk, 2), sq2 = __shfl_xor_sync(0xffffffffu, sq, 2);
-          if (mt >= 2) sk_p = sk2, sq_p = sq2, row_p = r;
-        }
-        r_a += 16 * kWarps;
-        if ((gi & 1) == 1 || gi == n_grp_w - 1) {
-          if (row_p >= 0 && row_p < row_end) finish_row(row_p, sk_p, sq_p);
-          row_p = -1;
-        }
-      }
-    }
-  } else if (pair_fold) {
+  if (pair_fold) {
     if constexpr (kFoldPair) {
       for (int it = 0; it < n_iter; it += 2) {
         issue(it + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);  // (that stage was read last trip)
@@ -818,20 +733,34 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       const bool valid = q.r < row_end;
       const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
       float s[kCols];
-  #pragma unroll
-      for (int v = 0; v < kVecs; ++v) {
-        unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
-                        *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
-      }
-      stage = stage == kStages - 1 ? 0 : stage + 1;
-      float pk[2] = {0.f, 0.f}, pq[2] = {0.f, 0.f};  // two independent chains per product
-  #pragma unroll
-      for (int col = 0; col < kCols; ++col) pk[col % 2] = fmaf(s[col], kv[col], pk[col % 2]), pq[col % 2] = fmaf(s[col], qv[col], pq[col % 2]);
       const float dcy = decay[hl];
-      float Sk = (pk[0] + pk[1]) * dcy, Sq = (pq[0] + pq[1]) * dcy;
+      float Sk, Sq;
+      if constexpr (kMma) {  // (a view's fold reads the master row: s is not needed)
+        const uint4 v0 = staging[(stage * kVecs) * kThreads + threadIdx.x], v1 = staging[(stage * kVecs + 1) * kThreads + threadIdx.x];
+        stage = stage == kStages - 1 ? 0 : stage + 1;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_bf16_16816(acc, v0.x, 0u, v0.y, 0u, bq[0], bq[1]);
+        mma_bf16_16816(acc, v0.z, 0u, v0.w, 0u, bq[2], bq[3]);
+        mma_bf16_16816(acc, 0u, v1.x, 0u, v1.y, bq[4], bq[5]);
+        mma_bf16_16816(acc, 0u, v1.z, 0u, v1.w, bq[6], bq[7]);
+        float part = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        part += __shfl_xor_sync(0xffffffffu, part, 6);  // lane 8r: row r's S k, 8r + 1: its S q
+        Sk = __shfl_sync(0xffffffffu, part, lane & ~7) * dcy, Sq = __shfl_sync(0xffffffffu, part, (lane & ~7) | 1) * dcy;
+      } else {
+  #pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
+                          *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
+        }
+        stage = stage == kStages - 1 ? 0 : stage + 1;
+        float pk[2] = {0.f, 0.f}, pq[2] = {0.f, 0.f};  // two independent chains per product
+  #pragma unroll
+        for (int col = 0; col < kCols; ++col) pk[col % 2] = fmaf(s[col], kv[col], pk[col % 2]), pq[col % 2] = fmaf(s[col], qv[col], pq[col % 2]);
+        Sk = (pk[0] + pk[1]) * dcy, Sq = (pq[0] + pq[1]) * dcy;
+      }
       const float* wh = weight + hl * L;
       if (!fold) {
-        Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
+        if constexpr (!kMma) Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);  // (kMma: every lane has the row's)
         const int k = it % kLanes;
         if (k == lane_in_row) sk_pend = Sk, sq_pend = Sq, pend = valid ? q.hl << 16 | q.i : -1;
         if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
@@ -853,6 +782,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         }
         continue;
       }
+      if constexpr (kMma)
+        if (lane_in_row != 0) Sk = 0.f, Sq = 0.f;  // (the row's sums once, in the group_sum below)
       for (int j = lane_in_row; j < w; j += kLanes) {
         const float wu = wh[j] * ru[j * ts + rl];
         Sk = fmaf(wu, kk[j], Sk), Sq = fmaf(wu, kq[j], Sq);
@@ -2084,30 +2015,20 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // there are registers to spare.
   // REPLAYSSM_TUNE fold_phase_code=1: the kernel with the phase's code regardless (the form before).
   const bool phase = kMinBlocks != 4 || c.fold_phase != nullptr || tune_knob("fold_phase_code") > 0;
-  GdnReplayParams q = p;
-  // Folding rows first (common/fold_order.cuh): with a view. A plain checkpoint's grid of at most two resident waves
-  // took it too from session 17 (batch 32 with 96-128-row blocks: 28.7-29.7 against 29.7-30.1 us in each of eight H200
-  // runs, sessions 17-32); since the 64-row blocks (session 35 at batch 32: ~4 waves, and the floor of session 37) only
-  // batches ~9-16 here had such a grid, and there it lost: 20.92 against 18.56 us at batch 16 (H100, session 37, the
-  // replay_fold_first=0 entry, bench/results/session37/). So plain checkpoints take the grid's order unless forced.
-  const bool fold_first = view;
-  q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, c.fold_phase, p.num_slots, c.ring_len,
-                                 p.batch, blocks, resident, fold_first, stream);
-  // A bf16 view of K = 128 in this layout (the benchmark's), with the fold-first order (which tells a block whether
-  // its row folds before the cursor is read) and without a fold phase: the rows of steps that do not fold take their
-  // S k and S q on tensor cores (the kernel's kMma; REPLAYSSM_TUNE gdn_view_mma=0: never). Each row's
-  // 128 bf16 columns take 2 mma instructions for 16 rows where the CUDA cores took 3 instructions an element (unpack,
-  // two FFMA; ncu, H100, batch 256: 302 warp instructions a warp's 4-row iteration, the row loop's 141 of them).
-  constexpr bool kCanMma = !kPlain && std::is_same_v<src_t, __nv_bfloat16> && kK == 128 && kStages == 4 &&
-                           Layout::kLanesPerRow == 8 && kMinBlocks == 4;
-  const bool mma = kCanMma && !phase && q.row_order != nullptr && tune_knob("gdn_view_mma") != 0;
+  // A bf16 view of K = 128 in this layout (the benchmark's) without the phase's code: the row loop's S k and S q on
+  // tensor cores (the kernel's kMma; REPLAYSSM_TUNE gdn_view_mma=0: on the CUDA cores, as before session 47). A warp's
+  // 4 rows x 128 columns take 4 mma instructions and 3 shuffles where the CUDA cores took 3 instructions an element
+  // (unpack, two FFMA) and 6 shuffles (ncu, H100, batch 256: 302 warp instructions a warp's row iteration, 141 of them
+  // the row loop's).
+  constexpr bool kCanMma = !kPlain && std::is_same_v<src_t, __nv_bfloat16> && kK == 128 && Layout::kLanesPerRow == 8 &&
+                           kMinBlocks == 4;
+  const bool mma = kCanMma && !phase && tune_knob("gdn_view_mma") != 0;
   auto pick = [&](auto pair_c, auto lean_c) {
     constexpr bool kP = decltype(pair_c)::value, kL = decltype(lean_c)::value;
-    if constexpr (kMinBlocks == 4) {
-      if constexpr (kCanMma && !kP)
-        if (mma) return gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, kP, kL, false, true>;
+    if constexpr (kCanMma && !kP)
+      if (mma) return gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, kP, kL, false, true>;
+    if constexpr (kMinBlocks == 4)
       if (!phase) return gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, kP, kL, false>;
-    }
     return gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, kP, kL, true>;
   };
   using No = std::false_type;
@@ -2117,12 +2038,21 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
     if (pair) kernel = lean ? pick(Yes{}, Yes{}) : pick(Yes{}, No{});
   if (smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "gdn_replay_step shared memory");
+  GdnReplayParams q = p;
   // The prologue waits for the first row iteration and the ring only, the next iterations' copies issued after the
   // ring's (default since session 35: H100, one run, bench/results/session35/gdn_fp_call2_h100.json: replay 34.8 /
   // 111.5 / 213.0 -> 34.3 / 110.3 / 211.7 us at batch 32 / 128 / 256, the view 30.8 / 80.7 / 148.9 -> 29.5 / 79.8 /
   // 148.2). REPLAYSSM_TUNE replay_stage0_first=0: every first stage waited for (the former prologue).
   q.stage0_first = tune_knob("replay_stage0_first") != 0 ? 1 : 0;
+  // Folding rows first (common/fold_order.cuh): with a view. A plain checkpoint's grid of at most two resident waves
+  // took it too from session 17 (batch 32 with 96-128-row blocks: 28.7-29.7 against 29.7-30.1 us in each of eight H200
+  // runs, sessions 17-32); since the 64-row blocks (session 35 at batch 32: ~4 waves, and the floor of session 37) only
+  // batches ~9-16 here had such a grid, and there it lost: 20.92 against 18.56 us at batch 16 (H100, session 37, the
+  // replay_fold_first=0 entry, bench/results/session37/). So plain checkpoints take the grid's order unless forced.
   const bool pdl_asked = pdl_requested();
+  const bool fold_first = view;
+  q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, c.fold_phase, p.num_slots, c.ring_len,
+                                 p.batch, blocks, resident, fold_first, stream);
   const dim3 grid(chunks, p.nkheads, p.batch);
   // PDL only without the order kernel just ahead (fold_first_order returns null when it launched none): the kernel
   // reads its entry of the order before pdl_wait().
