@@ -345,14 +345,11 @@ def test_gdn_verify_with_the_numerical_split():
 # gdn_replay_rows forcing blocks that straddle value heads and end in partial row iterations, the ring read after
 # the cursor. view-variant-0: the view's former layout (6 stages, 3 blocks per SM; the default is 4 and 4 at K = 128).
 # wide- and lean-offsets: the row copies from 64-bit addresses or 32-bit offsets (a plain cache's default at this
-# batch is the former, a view's the latter). cuda-cores, fold-first: see the entries.
+# batch is the former, a view's the latter).
 GDN_SPLIT_TUNES = {"default": "", "rows": "gdn_replay_rows={rows},gdn_replay_prefetch=0", "view-variant-0": "gdn_view_variant=0",
                    "wide-offsets": "stream_lean=0", "lean-offsets": "stream_lean=1",
                    "stage0-all": "replay_stage0_first=0",  # every first stage before the prologue's wait (before s35)
-                   "stage0-first-straddle": "replay_stage0_first=1,gdn_replay_rows=120",
-                   # a K = 128 view's row loop on the CUDA cores (the default: on tensor cores; test_gdn.py,
-                   # test_cuda_view_tensor_core_dots_match_the_cuda_cores), and with the fold-first order
-                   "cuda-cores": "gdn_view_mma=0", "fold-first": "replay_fold_first=1"}
+                   "stage0-first-straddle": "replay_stage0_first=1,gdn_replay_rows=120"}
 
 
 @pytest.mark.cuda

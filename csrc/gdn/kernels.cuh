@@ -75,8 +75,6 @@
 //   gdn_verify_4bps    0: the tensor-core loop at three blocks an SM with three 32-column stages (default: four blocks
 //                      an SM, two stages, where they keep the rows three get; session 31; 16-column stages lost in
 //                      session 32, bench/patches/gdn-verify-16col.patch)
-//   gdn_view_mma       0: a bf16 view's row loop (K = 128, the default view layout, no fold phase) on the CUDA cores;
-//                      default: its S k and S q on tensor cores (launch_gdn_replay_step)
 //   gdn_replay_small   the replay step's small kernel (replay_small.cuh): 2 (default) for grids of at most two
 //                      blocks per SM, 1 whenever the shape allows, 0 never
 #pragma once
@@ -283,25 +281,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gdn_step_kernel(const Gd
   }
 }
 
-// The replay step's kMma dots (a bf16 view of K = 128 columns in the default view layout): d += A B for one m16n8k16
-// bf16 tile with fp32 accumulation (PTX fragments, g = lane / 4, t = lane % 4: a0 (row g, k 2t, 2t + 1), a1 (row
-// g + 8, the same k), a2 (row g, k 2t + 8, 2t + 9), a3 (row g + 8, those k); b0 (k 2t, 2t + 1, column g), b1 (k 2t
-// + 8, 2t + 9, column g); d0, d1 (row g, columns 2t, 2t + 1), d2, d3 (row g + 8)); and an fp32 pair as a bf16x2 word
-// (low half the first): the pair's bf16 rounding (lo false) or the bf16 rounding of what that leaves (lo true).
-// x = hi + lo + r with |r| <= 2^-17 |x|, so a bf16 row's dot with the hi and the lo parts, summed in fp32, is within
-// ~2^-17 of its fp32 dot (the view's own rounding, 2^-9, is 256 times that).
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                               uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t bf16_split_pair(float x0, float x1, bool lo) {
-  __nv_bfloat16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
-  if (lo) h0 = __float2bfloat16_rn(x0 - __bfloat162float(h0)), h1 = __float2bfloat16_rn(x1 - __bfloat162float(h1));
-  return uint32_t(__bfloat16_as_ushort(h0)) | uint32_t(__bfloat16_as_ushort(h1)) << 16;
-}
-
 // Shared memory of one replay-step block (byte offsets, each section 16-byte aligned).
 struct GdnReplaySmem {
   int tile_stride;  // floats per ring-u tile row: the block's rows rounded up to 8, plus 8 (conflict-free reads)
@@ -356,7 +335,7 @@ struct GdnReplaySmem {
 //   instantiation (src_t == ckpt_t == float) compiles none of this (ops.cpp: on CUDA a fold counter comes only
 //   with a view or a 16-bit checkpoint).
 template <typename ckpt_t, typename src_t, typename act_t, int kK, int kThreads, int kStages, int kLanesPerRow, int kMinBlocks,
-          bool kFoldPair = false, bool kLean = false, bool kPhase = true, bool kMma = false>
+          bool kFoldPair = false, bool kLean = false, bool kPhase = true>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gdn_replay_step_kernel(const GdnReplayParams p, const int rows_per_block, const int max_heads, const bool vec_u,
                            const bool vec_k, const bool vec_v, const bool prefetch_ring, const bool ring_ahead) {
@@ -581,37 +560,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   __syncthreads();
-  float kv[kCols], qv[kCols];  // this lane's columns of k_t and q_t (kMma: k_t's only, for the fold)
+  float kv[kCols], qv[kCols];  // this lane's columns of k_t and q_t
 #pragma unroll
   for (int v = 0; v < kVecs; ++v)
 #pragma unroll
     for (int e = 0; e < Layout::kVec; ++e) {
       kv[v * Layout::kVec + e] = kn[Layout::col(lane_in_row, v, e)];
-      if constexpr (!kMma) qv[v * Layout::kVec + e] = qn[Layout::col(lane_in_row, v, e)];
+      qv[v * Layout::kVec + e] = qn[Layout::col(lane_in_row, v, e)];
     }
-  // kMma: the row loop's S k and S q on tensor cores, from the staging vectors as they are (lane l of row r holds
-  // columns 8 l .. + 7 and 64 + 8 l .. + 7). A warp's 4 rows x 128 columns are an A of 16 rows: row g of the tiles
-  // (lane 4g + t) is row g / 2's part g % 2 (columns 32 (g % 2) + 8 t + 0..7: its first vector), row g + 8 its part
-  // 2 + g % 2 (its second vector); the dot sums a part's 32 columns in any order, so each lane's 8 columns are the k of
-  // its two tiles (4 each, in the order a0, a2), and B takes k_t's and q_t's values at the same columns. B's column n
-  // serves parts n / 4 (B1, for tile rows g) or 2 + n / 4 (B2, rows g + 8), as k_t (n % 4 = 0: its bf16 rounding,
-  // 1: the rest's) or q_t (2, 3); an mma with B1 gets zeros for rows g + 8 and one with B2 for rows g, so that one
-  // accumulator takes both and lane 4g + t's d0 + d1 + d2 + d3 is part g % 2 plus part 2 + g % 2 of S k (t = 2 (g %
-  // 2)) or S q (t = 2 (g % 2) + 1) of row g / 2: lanes 8r, 8r + 6 (S k) and 8r + 1, 8r + 7 (S q) hold row r's halves.
-  uint32_t bq[kMma ? 8 : 1];
-  if constexpr (kMma) {
-    static_assert(kK == 128 && kLanes == 8 && kVecs == 2 && std::is_same_v<src_t, __nv_bfloat16>, "kMma: a bf16 view, K = 128");
-    const int mg = lane >> 2, mt = lane & 3;
-    const float* x = (mg & 3) < 2 ? kn : qn;
-#pragma unroll
-    for (int b2 = 0; b2 < 2; ++b2)
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        const int col = 32 * (2 * b2 + mg / 4) + 8 * mt + 4 * kk;
-        bq[4 * b2 + 2 * kk] = bf16_split_pair(x[col], x[col + 1], mg & 1);
-        bq[4 * b2 + 2 * kk + 1] = bf16_split_pair(x[col + 2], x[col + 3], mg & 1);
-      }
-  }
   const float kq_t = kq[w];
   if (!fold) {  // append k_t (the key head's first block) and g_t (the block holding the value head's first row)
     if (blockIdx.x == 0) {
@@ -733,34 +689,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       const bool valid = q.r < row_end;
       const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
       float s[kCols];
-      const float dcy = decay[hl];
-      float Sk, Sq;
-      if constexpr (kMma) {  // (a view's fold reads the master row: s is not needed)
-        const uint4 v0 = staging[(stage * kVecs) * kThreads + threadIdx.x], v1 = staging[(stage * kVecs + 1) * kThreads + threadIdx.x];
-        stage = stage == kStages - 1 ? 0 : stage + 1;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_bf16_16816(acc, v0.x, 0u, v0.y, 0u, bq[0], bq[1]);
-        mma_bf16_16816(acc, v0.z, 0u, v0.w, 0u, bq[2], bq[3]);
-        mma_bf16_16816(acc, 0u, v1.x, 0u, v1.y, bq[4], bq[5]);
-        mma_bf16_16816(acc, 0u, v1.z, 0u, v1.w, bq[6], bq[7]);
-        float part = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-        part += __shfl_xor_sync(0xffffffffu, part, 6);  // lane 8r: row r's S k, 8r + 1: its S q
-        Sk = __shfl_sync(0xffffffffu, part, lane & ~7) * dcy, Sq = __shfl_sync(0xffffffffu, part, (lane & ~7) | 1) * dcy;
-      } else {
   #pragma unroll
-        for (int v = 0; v < kVecs; ++v) {
-          unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
-                          *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
-        }
-        stage = stage == kStages - 1 ? 0 : stage + 1;
-        float pk[2] = {0.f, 0.f}, pq[2] = {0.f, 0.f};  // two independent chains per product
-  #pragma unroll
-        for (int col = 0; col < kCols; ++col) pk[col % 2] = fmaf(s[col], kv[col], pk[col % 2]), pq[col % 2] = fmaf(s[col], qv[col], pq[col % 2]);
-        Sk = (pk[0] + pk[1]) * dcy, Sq = (pq[0] + pq[1]) * dcy;
+      for (int v = 0; v < kVecs; ++v) {
+        unpack16<src_t>(staging[(stage * kVecs + v) * kThreads + threadIdx.x],
+                        *reinterpret_cast<float(*)[Layout::kVec]>(&s[v * Layout::kVec]));
       }
+      stage = stage == kStages - 1 ? 0 : stage + 1;
+      float pk[2] = {0.f, 0.f}, pq[2] = {0.f, 0.f};  // two independent chains per product
+  #pragma unroll
+      for (int col = 0; col < kCols; ++col) pk[col % 2] = fmaf(s[col], kv[col], pk[col % 2]), pq[col % 2] = fmaf(s[col], qv[col], pq[col % 2]);
+      const float dcy = decay[hl];
+      float Sk = (pk[0] + pk[1]) * dcy, Sq = (pq[0] + pq[1]) * dcy;
       const float* wh = weight + hl * L;
       if (!fold) {
-        if constexpr (!kMma) Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);  // (kMma: every lane has the row's)
+        Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
         const int k = it % kLanes;
         if (k == lane_in_row) sk_pend = Sk, sq_pend = Sq, pend = valid ? q.hl << 16 | q.i : -1;
         if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
@@ -782,8 +724,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         }
         continue;
       }
-      if constexpr (kMma)
-        if (lane_in_row != 0) Sk = 0.f, Sq = 0.f;  // (the row's sums once, in the group_sum below)
       for (int j = lane_in_row; j < w; j += kLanes) {
         const float wu = wh[j] * ru[j * ts + rl];
         Sk = fmaf(wu, kk[j], Sk), Sq = fmaf(wu, kq[j], Sq);
@@ -2015,18 +1955,8 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // there are registers to spare.
   // REPLAYSSM_TUNE fold_phase_code=1: the kernel with the phase's code regardless (the form before).
   const bool phase = kMinBlocks != 4 || c.fold_phase != nullptr || tune_knob("fold_phase_code") > 0;
-  // A bf16 view of K = 128 in this layout (the benchmark's) without the phase's code: the row loop's S k and S q on
-  // tensor cores (the kernel's kMma; REPLAYSSM_TUNE gdn_view_mma=0: on the CUDA cores, as before session 47). A warp's
-  // 4 rows x 128 columns take 4 mma instructions and 3 shuffles where the CUDA cores took 3 instructions an element
-  // (unpack, two FFMA) and 6 shuffles (ncu, H100, batch 256: 302 warp instructions a warp's row iteration, 141 of them
-  // the row loop's).
-  constexpr bool kCanMma = !kPlain && std::is_same_v<src_t, __nv_bfloat16> && kK == 128 && Layout::kLanesPerRow == 8 &&
-                           kMinBlocks == 4;
-  const bool mma = kCanMma && !phase && tune_knob("gdn_view_mma") != 0;
   auto pick = [&](auto pair_c, auto lean_c) {
     constexpr bool kP = decltype(pair_c)::value, kL = decltype(lean_c)::value;
-    if constexpr (kCanMma && !kP)
-      if (mma) return gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, kP, kL, false, true>;
     if constexpr (kMinBlocks == 4)
       if (!phase) return gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, kP, kL, false>;
     return gdn_replay_step_kernel<ckpt_t, src_t, act_t, kK, kThreads, kStages, Layout::kLanesPerRow, kMinBlocks, kP, kL, true>;
