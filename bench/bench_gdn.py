@@ -158,7 +158,7 @@ REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_replay_varian
 # (gdn_replay_small: the small kernel, csrc/gdn/replay_small.cuh, the default for grids of at most two blocks per SM;
 # =0 the general kernel there, =1 the small kernel at any batch; gdn_replay_min_rows=0: the general kernel's blocks as
 # the bps split gives them, without the default's floor of 64 rows)
-VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=64", "gdn_replay_split=0",
+VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=128", "gdn_replay_rows=64", "gdn_replay_split=0",
               "stream_lean=0", "gdn_replay_rows=512", "pdl=1", "pdl=1,pdl_ring_ahead=0",
               "pdl=1,replay_fold_first=0", "replay_stage0_first=0", "gdn_replay_bps=16", "gdn_replay_min_rows=0",
               "fold_phase_code=1"]
