@@ -19,8 +19,7 @@
 # tree as it is); each is copied to /tmp/var/NAME, patched and built in place; then each entry of VRUNS,
 # NAME:KIND with KIND mamba2, gdn, spec or gdnspec (that `--tune` benchmark, plus VBENCH_ARGS_KIND or VBENCH_ARGS, into
 # $OUT/KIND_NAME.json), test (the CUDA tests, -k VTEST_K_NAME or VTEST_K when set) or sanitize (memcheck over the CUDA tests of
-# VSAN_TESTS, default tests, -k VSAN_K, default "not out_of_range": those trap on purpose in a child process, and
-# memcheck counts each trapping thread as an error), runs in order in its copy (logs in /tmp/var:
+# VSAN_TESTS, default tests, -k VSAN_K, default SAN_K below), runs in order in its copy (logs in /tmp/var:
 # the call prints their tails). The working tree is left as it was. Example (session 7):
 # VARIANTS="base p1=ring-sum-at-flush" VRUNS="base:mamba2 p1:mamba2" bash scripts/gpu_job.sh variants
 # VREUSE=1 keeps the builds a previous call left in /tmp/var (a machine still warm: a call within its idle
@@ -40,6 +39,9 @@ if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 # carried with the call): the machine's copy of .git may be stale (seen 2026-11-29), so it comes last.
 export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || true)}
 status=0
+# The memcheck runs' default test filter: the out_of_range tests trap on purpose in a child process, and memcheck
+# counts each trapping thread as an error (the sanitize step, and the variants step's unless VSAN_K says otherwise).
+SAN_K="not out_of_range"
 run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures
   local name=$1; shift
   echo "=== $name: $*"
@@ -70,7 +72,7 @@ for step in $STEPS; do
   case $step in
     build) rm -rf build replayssm/_C*.so; run build python3 -m pip install -e . --no-build-isolation --no-deps -v || exit 1 ;;
     test) run test python3 -m pytest -q -rs tests ;;
-    sanitize) run sanitize compute-sanitizer --tool memcheck --target-processes all python3 -m pytest -q -x tests -m cuda -k "not out_of_range" ;;
+    sanitize) run sanitize compute-sanitizer --tool memcheck --target-processes all python3 -m pytest -q -x tests -m cuda -k "$SAN_K" ;;
     racecheck) run racecheck compute-sanitizer --tool racecheck python3 -m pytest -q -x tests/test_mamba2.py -k "launch_configurations" ;;
     demo) run demo python3 -m replayssm demo ;;
     bench) run bench python3 bench/bench_mamba2.py --out "$OUT/mamba2_decode.json" ;;
@@ -110,7 +112,7 @@ for step in $STEPS; do
                 [ "$tk" = all ] && tk=
                 LOGDIR=/tmp/var run "test_$name" python3 -m pytest -q -rs tests -m cuda ${tk:+-k "$tk"} ;;
           sanitize) LOGDIR=/tmp/var run "sanitize_$name" compute-sanitizer --tool memcheck --target-processes all \
-              python3 -m pytest -q -x -m cuda ${VSAN_TESTS:-tests} -k "${VSAN_K:-not out_of_range}" ;;
+              python3 -m pytest -q -x -m cuda ${VSAN_TESTS:-tests} -k "${VSAN_K:-$SAN_K}" ;;
           *) case $kind in mamba2) script=bench_mamba2.py ;; gdn) script=bench_gdn.py ;; spec) script=bench_speculative.py ;;
                gdnspec) script=bench_gdn_speculative.py ;; *) echo "=== unknown run kind $kind"; status=1; cd - > /dev/null; continue ;; esac
              kargs=VBENCH_ARGS_$kind  # (VBENCH_ARGS_mamba2, ..._gdnspec: one kind's arguments, else VBENCH_ARGS)
