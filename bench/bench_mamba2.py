@@ -93,7 +93,7 @@ REPLAY_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_firs
 VIEW_TUNES = ["replay_fold_first=-1", "replay_fold_first=0", "replay_fold_first=1", "stream_lean=0", "replay_rows=128", "replay_rows=256",
               "replay_rows=512", "replay_rows=1024", "view_fold_lean=0", "view_bps=3",
               "view_bps=3,replay_rows=256", "pdl=1", "pdl=1,pdl_ring_ahead=0", "pdl=1,replay_fold_first=0",
-              "m2_replay_stage0_first=0", "replay_min_rows=0"]  # (with the order kernel ahead PDL is off)
+              "m2_replay_stage0_first=0", "replay_min_rows=0", "order_cursor=0"]  # (with the order kernel ahead PDL is off)
 # (the view runs the same kernel and launcher as plain caches; view_fold_lean=0: its folds stream the view too)
 
 

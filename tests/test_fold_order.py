@@ -1,5 +1,6 @@
 """The fold-first row order of the CUDA replay steps (csrc/common/fold_order.cuh) changes which block runs which
-batch row and nothing else: the same steps with the order forced on (REPLAYSSM_TUNE replay_fold_first=1) and off
+batch row and nothing else (its records also carry each row's slot id and cursor, which the blocks take from there;
+REPLAYSSM_TUNE order_cursor=0: they read them themselves): the same steps with the order forced on (REPLAYSSM_TUNE replay_fold_first=1) and off
 (=0) give the same bits in every output and in every tensor of the cache. A lost or doubled row in the order would
 leave an output unwritten (NaN) or append a token twice. With a Mamba-2 output view, the folding rows that the order
 marks serve their outputs from the master rounded to bf16, staged in a row loop of their own; without the order, or
@@ -101,8 +102,9 @@ def test_cuda_view_fold_paths_change_no_bit(monkeypatch, N, rows, tune):
 
 
 def _check_paths(monkeypatch, gen, batch, made, lean_fold, extra=""):
-    """2L + 1 steps of a cache with staggered cursors, in the fold-first order and in the grid's order (and, with
-    lean_fold, in the order with the folding rows reading the view): the same bits in every output and cache tensor."""
+    """2L + 1 steps of a cache with staggered cursors, in the fold-first order and in the grid's order (and in the
+    fold-first order with the blocks reading slot ids and cursors themselves; with lean_fold, with the folding rows
+    reading the view): the same bits in every output and cache tensor."""
     cache, step, token, out_key = made
     num_slots = cache.cursor.shape[0]
     cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen) * 0.1)
@@ -113,8 +115,9 @@ def _check_paths(monkeypatch, gen, batch, made, lean_fold, extra=""):
     if aligned:
         cache.fold_phase[0] = int(torch.randint(1, L, (), generator=gen))  # (a boundary within the steps below)
     twin = _clone(cache)
-    # A Mamba-2 view: a third copy, in the fold-first order with the folding rows reading the view.
-    others = {t: _clone(cache) for t in ("view_fold_lean=0",)} if lean_fold else {}
+    # More copies in the fold-first order: its blocks reading their slot ids and cursors themselves instead of taking
+    # them from the order's records (order_cursor=0); with a Mamba-2 view, the folding rows reading the view.
+    others = {t: _clone(cache) for t in ("order_cursor=0",) + (("view_fold_lean=0",) if lean_fold else ())}
     ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
     ids[torch.randperm(batch, generator=gen)[:batch // 10]] = PAD_SLOT  # pad rows among the live ones
     live = ids != PAD_SLOT

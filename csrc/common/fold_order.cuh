@@ -15,11 +15,46 @@
 
 namespace replayssm {
 
-// An entry of the order: the batch row, with kOrderFolds set when its slot folds at this step (so that a block
-// knows before it has read the cursor: the Mamba-2 view's folding blocks then stream the master, not the view).
+// A record of the order, four ints (16 bytes, one load): x the entry, the batch row with kOrderFolds set when its slot
+// folds at this step (so that a block knows before it has read the cursor: the Mamba-2 view's folding blocks then
+// stream the master, not the view); y the slot's cursor (0 for a pad row or an out-of-range slot); z, w the slot id's
+// low and high halves, as slot_ids holds it (pad and out-of-range ids included: the kernels skip or reject those).
+// The order kernel has read the slot and the cursor already, so a block that takes them from its record starts its
+// dependent loads (the ring) one trip after its launch instead of three (record, slot id, cursor). The cursor is the
+// one the block would read: no block of the launch writes it before every block of the slot has read it, and the
+// order kernel runs just ahead on the stream. REPLAYSSM_TUNE order_cursor=0: the blocks read slot_ids and the cursor
+// themselves (the form before; the launchers' `carried`).
 constexpr int kOrderFolds = int(0x80000000u);
 __device__ __forceinline__ int order_row(int entry) { return entry & ~kOrderFolds; }
 __device__ __forceinline__ bool order_folds(int entry) { return entry < 0; }
+__device__ __forceinline__ int4 order_record(const int* order, int i) { return __ldcg(reinterpret_cast<const int4*>(order) + i); }
+__device__ __forceinline__ int64_t order_slot(const int4& rec) { return int64_t(uint32_t(rec.z)) | int64_t(rec.w) << 32; }
+
+// A replay block's batch row, slot and cursor: from its record of the order when the launcher says the order carries
+// them (`carried`), else the row from the order (or the grid) and the slot id and cursor read here. `entry` keeps the
+// record's entry (the fold mark) for the caller. The cursor is read only for a slot in [0, num_slots) (the caller
+// rejects the rest before using it).
+struct BlockRow {
+  int entry, b, w;
+  int64_t slot;
+};
+__device__ __forceinline__ BlockRow block_row(const int* order, bool carried, const void* slot_ids, bool slot_ids_int64,
+                                              const int* cursor, int64_t num_slots) {
+  BlockRow r;
+  if (order != nullptr) {
+    const int4 rec = order_record(order, blockIdx.z);
+    r.entry = rec.x, r.b = order_row(rec.x);
+    if (carried) {
+      r.slot = order_slot(rec), r.w = rec.y;
+      return r;
+    }
+  } else {
+    r.entry = r.b = int(blockIdx.z);
+  }
+  r.slot = slot_at(slot_ids, slot_ids_int64, r.b);
+  r.w = r.slot >= 0 && r.slot < num_slots ? __ldcg(cursor + r.slot) : 0;
+  return r;
+}
 
 // ---- Aligned folds (common/math.h folds_at; the cache's fold_phase: [0] the phase, [1] a count, zero between
 // launches). Every block of a replay step reads the phase with its cursor (and consumes the load before it counts
@@ -74,17 +109,18 @@ __global__ void __launch_bounds__(kThreads) fold_first_order_kernel(const void* 
   __shared__ int warp_folds[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int phase = fold_phase ? fold_phase[0] : -1;
-  auto folds = [&](int r) {
-    if (r >= batch) return false;
-    const int64_t slot = slot_at(slot_ids, slot_ids_int64, r);
-    return slot >= 0 && slot < num_slots && folds_at(cursor[slot], phase, ring_len);
+  auto read = [&](int r, int64_t& slot, int& w) {  // row r's slot and its cursor (0 where the slot is not a live one)
+    slot = r < batch ? slot_at(slot_ids, slot_ids_int64, r) : kPadSlot;
+    w = slot >= 0 && slot < num_slots ? cursor[slot] : 0;
+    return slot >= 0 && slot < num_slots && folds_at(w, phase, ring_len);  // (whether it folds)
   };
-  int total = 0;
-  for (int r0 = 0; r0 < batch; r0 += kThreads) total += __syncthreads_count(folds(r0 + threadIdx.x));
+  int64_t slot;
+  int w, total = 0;
+  for (int r0 = 0; r0 < batch; r0 += kThreads) total += __syncthreads_count(read(r0 + threadIdx.x, slot, w));
   int fold_base = 0, rest_base = total;
   for (int r0 = 0; r0 < batch; r0 += kThreads) {
     const int r = r0 + threadIdx.x;
-    const bool f = folds(r);
+    const bool f = read(r, slot, w);
     const unsigned ballot = __ballot_sync(0xffffffffu, f);
     if (lane == 0) warp_folds[warp] = __popc(ballot);
     __syncthreads();
@@ -95,15 +131,17 @@ __global__ void __launch_bounds__(kThreads) fold_first_order_kernel(const void* 
       before += i < warp ? n : 0;
       chunk_folds += n;
     }
-    if (r < batch) order[f ? fold_base + before : rest_base + int(threadIdx.x) - before] = f ? r | kOrderFolds : r;
+    if (r < batch)
+      reinterpret_cast<int4*>(order)[f ? fold_base + before : rest_base + int(threadIdx.x) - before] =
+          make_int4(f ? r | kOrderFolds : r, w, int(uint32_t(uint64_t(slot))), int(uint64_t(slot) >> 32));
     fold_base += chunk_folds;
     rest_base += min(kThreads, batch - r0) - chunk_folds;
     __syncthreads();  // (warp_folds is rewritten by the next chunk)
   }
 }
 
-// The row order for a replay step's grid of `blocks` blocks, `resident` of them at once: `order` (batch ints of
-// device memory) filled fold-first on `stream`, or null (the grid's own order). By default fold-first only where
+// The row order for a replay step's grid of `blocks` blocks, `resident` of them at once: `order` (kOrderInts * batch
+// ints of device memory, 16-byte aligned) filled fold-first on `stream`, or null (the grid's own order). By default fold-first only where
 // it pays (`wanted`, the caller's rule), measured on the H200 (session 10, bench/results/session10/): caches with an
 // output view (their folds write the master and the view, 5-7x a non-folding row's time; the GDN replay step took
 // it for a plain checkpoint's grid of at most two resident waves in sessions 17-36, gdn/kernels.cuh), and only when the grid is not resident all
@@ -126,10 +164,15 @@ inline int* fold_first_order(int* order, const void* slot_ids, bool slot_ids_int
                              cudaStream_t stream) {
   const int knob = tune_knob("replay_fold_first");
   if (order == nullptr || knob == 0 || (knob < 0 && (!wanted || blocks <= resident))) return nullptr;
+  if (reinterpret_cast<uintptr_t>(order) % 16 != 0)  // (the ops allocate it: an internal error if ever seen)
+    throw std::logic_error("replayssm: the fold-first order's memory is not 16-byte aligned");
   fold_first_order_kernel<1024><<<1, 1024, 0, stream>>>(slot_ids, slot_ids_int64, cursor, fold_phase, num_slots, ring_len, batch,
                                                         order);
   check_cuda(cudaGetLastError(), "fold_first_order kernel launch");
   return order;
 }
+
+// Whether the replay blocks take their slot and cursor from the order's records (REPLAYSSM_TUNE order_cursor=0: not).
+inline bool order_carries() { return tune_knob("order_cursor") != 0; }
 
 }  // namespace replayssm

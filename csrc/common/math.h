@@ -17,6 +17,10 @@ namespace replayssm {
 // A slot id equal to this is a padding row: it is skipped and nothing of it is read or written.
 constexpr int64_t kPadSlot = -1;
 
+// Ints of device memory per batch row that the CUDA replay steps' fold-first order takes (a 16-byte record:
+// common/fold_order.cuh; the ops allocate it).
+constexpr int kOrderInts = 4;
+
 // Ring length limits of the replay cache (tokens kept between two folds).
 constexpr int kMinRing = 2;
 constexpr int kMaxRing = 64;

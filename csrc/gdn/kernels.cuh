@@ -60,6 +60,7 @@
 //   gdn_replay_split   0: the replay step's rows per block as the bps split gives them (default: rounded up to split a
 //                      key head's rows evenly)
 //   replay_fold_first  0 / 1: as for the Mamba-2 replay step (mamba2/kernels.cuh; common/fold_order.cuh)
+//   order_cursor       0: as for the Mamba-2 replay step (the blocks read their slot id and cursor themselves)
 //   fold_phase_code    1: the replay step's four-blocks-an-SM kernels with the aligned folds' code for caches without
 //                      a phase too (default: without it there; launch_gdn_replay_step)
 //   fold_pair          an fp32 checkpoint's folding steps: 1 two row iterations per trip (each float4 of the ring-k
@@ -350,15 +351,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // The aligned folds' phase (common/fold_order.cuh): !kPhase compiles none of its code (the launcher's choice for a
   // cache without one where registers are tight).
   int* const fold_phase = kPhase ? c.fold_phase : nullptr;
-  const int b = p.row_order ? order_row(p.row_order[blockIdx.z]) : blockIdx.z, h = blockIdx.y;  // h: the key head (b: fold-first order)
-  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+  // b: the batch row (the fold-first order's), h: the key head; the slot and its cursor from the order's record when
+  // it carries them (common/fold_order.cuh)
+  const BlockRow row = block_row(p.row_order, p.order_carries, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots);
+  const int b = row.b, h = blockIdx.y;
+  const int64_t slot = row.slot;
   if (slot == kPadSlot) {  // (waits first with PDL: no block of a step triggers before the launch ahead is done)
     pdl_wait();
     fold_phase_pad_block(fold_phase, gridDim.z, blockIdx.x == 0 && blockIdx.y == 0, c.ring_len);
     return;
   }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "gdn_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
-  const int w = __ldcg(c.cursor + slot);  // in flight while the first loads are issued (L2: read before pdl_wait)
+  const int w = row.w;  // (read in block_row: in flight while the first loads are issued; L2, before pdl_wait)
   const int phase = read_fold_phase(fold_phase);  // (aligned folds; -1 without)
 
   const int ratio = p.nheads / p.nkheads, V = p.vdim, L = c.ring_len;
@@ -1987,6 +1991,7 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // PDL only without the order kernel just ahead (fold_first_order returns null when it launched none): the kernel
   // reads its entry of the order before pdl_wait().
   // With PDL the ring is requested before the wait too (REPLAYSSM_TUNE pdl_ring_ahead=0: after it, as without PDL).
+  q.order_carries = q.row_order != nullptr && order_carries() ? 1 : 0;
   const bool pdl = pdl_asked && q.row_order == nullptr, ring_ahead = pdl && tune_knob("pdl_ring_ahead") != 0;
   launch_maybe_pdl(kernel, grid, kThreads, smem, stream, pdl, "gdn_replay_step kernel launch", q, rows_per_block,
                    heads_for(rows_per_block), vec.u, vec.k, vec.v, prefetch_ring, ring_ahead);

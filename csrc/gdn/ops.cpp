@@ -229,7 +229,7 @@ void gdn_replay(Tensor checkpoint, Tensor ring_u, Tensor ring_k, Tensor ring_g, 
     TORCH_CHECK_VALUE(p.kdim == 16 || p.kdim == 32 || p.kdim == 64 || p.kdim == 128 || p.kdim == 256, "replayssm: the CUDA GDN kernels take kdim 16, 32, 64, 128 or 256");
     const c10::cuda::CUDAGuard guard(q.device());
     if (verify) return gdn_replay_verify_cuda(p, c10::cuda::getCurrentCUDAStream());
-    const Tensor order = at::empty({p.batch}, q.options().dtype(at::kInt));  // the fold-first row order's memory
+    const Tensor order = at::empty({p.batch * kOrderInts}, q.options().dtype(at::kInt));  // the fold-first row order's memory
     p.row_order = order.data_ptr<int>();
     return gdn_replay_step_cuda(p, c10::cuda::getCurrentCUDAStream());
   }

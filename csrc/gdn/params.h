@@ -75,9 +75,11 @@ struct GdnReplayCacheParams {
 
 struct GdnReplayParams : GdnTokenParams {
   GdnReplayCacheParams cache;
-  // Replay step on CUDA: batch ints of device memory for the fold-first row order (common/fold_order.cuh); the
-  // launcher passes the kernel the order it filled there, or null (the grid's order).
+  // Replay step on CUDA: kOrderInts * batch ints of device memory for the fold-first row order
+  // (common/fold_order.cuh); the launcher passes the kernel the order it filled there, or null (the grid's order).
   int* row_order = nullptr;
+  // 1 = the blocks take their slot and cursor from the order's records (the launcher sets it; common/fold_order.cuh)
+  int order_carries = 0;
   // Replay step: 1 = only the first row iteration's copies ahead of the ring's (REPLAYSSM_TUNE replay_stage0_first;
   // the launcher sets it).
   int stage0_first = 0;

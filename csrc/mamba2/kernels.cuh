@@ -26,6 +26,8 @@
 //   stream_lean      0: 64-bit row and output addresses in the replay step and verify (default: 32-bit offsets)
 //   replay_fold_first 0: the replay steps (Mamba-2 and GDN) take the grid's row order; 1: folding rows first (the
 //                    default: first with an output view when the grid is not resident at once; common/fold_order.cuh)
+//   order_cursor     0: with the fold-first order, the replay steps' blocks (Mamba-2 and GDN) read their slot id and
+//                    cursor themselves (default 1: from the order's record, filled by the order kernel; fold_order.cuh)
 //   view_fold_lean   0: a view's folding rows stream the view for their outputs too (default 1: the master alone,
 //                    rounded as the view holds it; replay_step.cuh)
 //   fold_pair        an fp32 checkpoint's folding steps: 1 two row iterations per trip (each B_j, or GDN's k_j,

@@ -252,7 +252,7 @@ void mamba2_replay_step(Tensor checkpoint, Tensor ring_x, Tensor ring_B, Tensor 
   if (p.batch == 0) return;
   Tensor order;  // on CUDA, the memory of the fold-first row order (common/fold_order.cuh)
   if (x.is_cuda()) {
-    order = at::empty({p.batch}, x.options().dtype(at::kInt));
+    order = at::empty({p.batch * kOrderInts}, x.options().dtype(at::kInt));
     p.row_order = order.data_ptr<int>();
   }
   RSSM_RUN(x.device(), p, mamba2_replay_step);

@@ -76,9 +76,11 @@ struct Mamba2ReplayCacheParams {
 
 struct Mamba2ReplayStepParams : Mamba2TokenParams {
   Mamba2ReplayCacheParams cache;
-  // On CUDA: batch ints of device memory for the fold-first row order (common/fold_order.cuh); the launcher passes
-  // the kernel the order it filled there, or null (the grid's order).
+  // On CUDA: kOrderInts * batch ints of device memory for the fold-first row order (common/fold_order.cuh); the
+  // launcher passes the kernel the order it filled there, or null (the grid's order).
   int* row_order = nullptr;
+  // 1 = the blocks take their slot and cursor from the order's records (the launcher sets it; common/fold_order.cuh)
+  int order_carries = 0;
   // 1 = only the first row iteration's copies ahead of the ring's (REPLAYSSM_TUNE m2_replay_stage0_first; the
   // launcher sets it: 1 unless the knob says 0).
   int stage0_first = 0;

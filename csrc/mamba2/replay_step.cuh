@@ -38,16 +38,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   constexpr int kVecs = Layout::kVecsPerLane;
   constexpr int kCols = Layout::kColsPerLane;
   const Mamba2ReplayCacheParams& c = p.cache;
-  const int order_entry = p.row_order ? p.row_order[blockIdx.z] : int(blockIdx.z);  // (the fold-first order)
-  const int b = order_row(order_entry), g = blockIdx.y;
-  const int64_t slot = slot_at(p.slot_ids, p.slot_ids_int64, b);
+  // The batch row (the fold-first order's), and the slot and its cursor from the order's record when it carries them
+  // (common/fold_order.cuh)
+  const BlockRow row = block_row(p.row_order, p.order_carries, p.slot_ids, p.slot_ids_int64, c.cursor, p.num_slots);
+  const int order_entry = row.entry;
+  const int b = row.b, g = blockIdx.y;
+  const int64_t slot = row.slot;
   if (slot == kPadSlot) {  // (waits first with PDL: no block of a step triggers before the launch ahead is done)
     pdl_wait();
     fold_phase_pad_block(c.fold_phase, gridDim.z, blockIdx.x == 0 && blockIdx.y == 0, c.ring_len);
     return;
   }
   RSSM_DEVICE_CHECK(slot >= 0 && slot < p.num_slots, "mamba2_replay_step: slot_ids[%d] = %lld is out of range", b, (long long)slot);
-  const int w = __ldcg(c.cursor + slot);  // in flight while the first loads are issued (L2: read before pdl_wait)
+  const int w = row.w;  // (read in block_row: in flight while the first loads are issued; L2, before pdl_wait)
   const int phase = read_fold_phase(c.fold_phase);  // (aligned folds; -1 without)
 
   const int heads_per_group = p.nheads / p.ngroups;
@@ -740,6 +743,7 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   q.stage0_first = tune_knob("m2_replay_stage0_first") == 0 ? 0 : 1;
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, c.fold_phase, p.num_slots, c.ring_len,
                                  p.batch, blocks, int64_t(num_sms()) * kMinBlocks, view, stream);
+  q.order_carries = q.row_order != nullptr && order_carries() ? 1 : 0;
   // kWide (the kernel, above): a view's folding rows marked by the order read the master alone, staged
   // (REPLAYSSM_TUNE view_fold_lean=0: the view streamed too); an fp32 checkpoint's folding steps run two row
   // iterations per trip (fold_pair: unset, grids past one resident wave; 1 always; 0 never). Batch 1 (one wave)
