@@ -23,7 +23,10 @@ namespace replayssm {
 // dependent loads (the ring) one trip after its launch instead of three (record, slot id, cursor). The cursor is the
 // one the block would read: no block of the launch writes it before every block of the slot has read it, and the
 // order kernel runs just ahead on the stream. REPLAYSSM_TUNE order_cursor=0: the blocks read slot_ids and the cursor
-// themselves (the form before; the launchers' `carried`).
+// themselves (the form before). Measured (H100, two runs in one session, bench/results/session48/; the views are the
+// grids that take the order): GDN view 150.3 against 151.1-151.5 us at batch 256, 80.3-81.0 against 81.3-81.7 at 128,
+// 29.5-29.7 against 29.7-30.1 at 32; Mamba-2 view 264.2 against 264.8-265.0 at 256, 135.6-135.7 against 136.1-136.2 at
+// 128, 43.9-44.0 against 44.3-44.4 at 32 (-0.2% to -1.2%).
 constexpr int kOrderFolds = int(0x80000000u);
 __device__ __forceinline__ int order_row(int entry) { return entry & ~kOrderFolds; }
 __device__ __forceinline__ bool order_folds(int entry) { return entry < 0; }
