@@ -28,6 +28,7 @@ namespace replayssm {
 // 29.5-29.7 against 29.7-30.1 at 32; Mamba-2 view 264.2 against 264.8-265.0 at 256, 135.6-135.7 against 136.1-136.2 at
 // 128, 43.9-44.0 against 44.3-44.4 at 32 (-0.2% to -1.2%).
 constexpr int kOrderFolds = int(0x80000000u);
+static_assert(sizeof(int4) == kOrderInts * sizeof(int), "the ops allocate kOrderInts ints a row (common/math.h) for one record");
 __device__ __forceinline__ int order_row(int entry) { return entry & ~kOrderFolds; }
 __device__ __forceinline__ bool order_folds(int entry) { return entry < 0; }
 __device__ __forceinline__ int4 order_record(const int* order, int i) { return __ldcg(reinterpret_cast<const int4*>(order) + i); }
