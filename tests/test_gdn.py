@@ -158,7 +158,7 @@ TUNE_CONFIGS = [
     "replay_stage0_first=0,gdn_replay_rows=64",  # the replay prologue waits for every first stage (before session 35)
     "replay_stage0_first=1,fold_pair=1,gdn_replay_rows=120,gdn_replay_prefetch=0",  # across a value head's end
     "replay_stage0_first=0,gdn_replay_variant=0,gdn_replay_rows=40",  # 3 stages: one issued after the ring
-    "gdn_replay_bps=12,replay_stage0_first=0",  # the plain cache's split and prologue before session 35
+    "gdn_replay_bps=16,replay_stage0_first=0",  # a plain cache's split of sessions 35-48, the prologue before 35
 ]
 
 

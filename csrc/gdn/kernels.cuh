@@ -52,8 +52,8 @@
 //                      (4% faster at batch 256 and 32, level at 128, 3% slower at 1; 12 bytes spilled outside the
 //                      row loop); 0: 6 stages, 8 lanes, 3 blocks/SM (the layout of every other view configuration).
 //                      (Session 12 timed 6 stages at 4 blocks/SM: 3-4% slower at batch 32, level at 128 and 256; dropped.)
-//   gdn_replay_bps     blocks per SM the row split aims at (default 16 for a plain cache since session 35, 12 with a
-//                      view: ~4 waves of 3 blocks per SM)
+//   gdn_replay_bps     blocks per SM the row split aims at (default 12, ~4 waves of 3 blocks per SM; a plain cache's
+//                      was 16 in sessions 35-48)
 //   gdn_replay_rows    rows of a key head's value heads per block (forced; any value >= 1)
 //   gdn_replay_min_rows the replay step's fewest rows per block where the bps split gives fewer (default 64; 0: none,
 //                      the split's rows as before session 37)
@@ -1874,14 +1874,13 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   auto smem_for = [&](int r) {
     return GdnReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kK, c.ring_len, heads_for(r)).total;
   };
-  // ~4 waves of 3 blocks per SM by default (prologues overlap other blocks' streaming); a plain cache aims at 16 since
-  // session 35 (only batches up to ~64 change: at batch 32 blocks of 64 rows, not 128, 32.6 against 34.0 us, level at
-  // 128 / 256; H100, bench/results/session35/gdn_9f13e2a_call4_h100.json, the gdn_replay_bps=16 and gdn_replay_rows=64
-  // entries, after replay_stage0_first: before it 64-row blocks were 4% slower; as the default, 32.9 against
-  // gdn_replay_bps=12's 34.5 in gdn_b543e8d_call5_h100.json). A view keeps 12: its 64-row blocks were 17% slower at
-  // batch 32 in both runs.
-  constexpr bool kPlain = std::is_same_v<src_t, ckpt_t>;
-  const int bps = tune_knob("gdn_replay_bps") > 0 ? tune_knob("gdn_replay_bps") : (kPlain ? 16 : 12);
+  // ~4 waves of 3 blocks per SM (prologues overlap other blocks' streaming). Only batches up to ~64 depend on it:
+  // at batch 32 it gives blocks of 128 rows. A plain cache aimed at 16 in sessions 35-48 (64-row blocks at batch 32:
+  // 32.9 against 34.5 us then, before the aligned folds); since the aligned folds (session 42) 12 is the faster at 32,
+  // 31.11 against 32.17 us, and level at 128 / 256 (110.34 / 214.97 against 110.30 / 214.98; H100, session 49,
+  // bench/results/session49/, the gdn_replay_bps entries; session 48's run: 31.25 against 32.37). A view's 64-row
+  // blocks were 17% slower at batch 32 (session 35).
+  const int bps = tune_knob("gdn_replay_bps") > 0 ? tune_knob("gdn_replay_bps") : 12;
   int rows_per_block = gdn_rows_per_block(tune_knob("gdn_replay_rows"), p, int64_t(num_sms()) * bps, Layout::kRowsPerIter,
                                           kMinBlocks, smem_for);
   // Blocks hold at least 64 rows (four iterations of the default layouts), while kMinBlocks of them fit an SM: below
