@@ -1874,12 +1874,12 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   auto smem_for = [&](int r) {
     return GdnReplaySmem(kStages * Layout::kVecsPerLane * kThreads * 16, sizeof(act_t), r, kK, c.ring_len, heads_for(r)).total;
   };
-  // ~4 waves of 3 blocks per SM (prologues overlap other blocks' streaming). Only batches up to ~64 depend on it:
-  // at batch 32 it gives blocks of 128 rows. A plain cache aimed at 16 in sessions 35-48 (64-row blocks at batch 32:
-  // 32.9 against 34.5 us then, before the aligned folds); since the aligned folds (session 42) 12 is the faster at 32,
-  // 31.11 against 32.17 us, and level at 128 / 256 (110.34 / 214.97 against 110.30 / 214.98; H100, session 49,
-  // bench/results/session49/, the gdn_replay_bps entries; session 48's run: 31.25 against 32.37). A view's 64-row
-  // blocks were 17% slower at batch 32 (session 35).
+  // ~4 waves of 3 blocks per SM (prologues overlap other blocks' streaming); at batch 32 it gives blocks of 128 rows.
+  // A plain cache aimed at 16 in sessions 35-48 (64-row blocks at batch 32: 32.9 against 34.5 us in session 35). In
+  // sessions 48-49 12 was the faster for a plain cache at 32 and level elsewhere (H100): 31.18 against the
+  // gdn_replay_bps=16 entry's 32.29 us at 32, within 0.1% at 4-24 and 48-256
+  // (bench/results/session49/gdn_replay_bps12_call3_h100.json; gdn_replay_b5_call2_h100.json: 31.11 against 32.17;
+  // session 48's run: 31.25 against 32.37). A view's 64-row blocks were 17% slower at batch 32 (session 35).
   const int bps = tune_knob("gdn_replay_bps") > 0 ? tune_knob("gdn_replay_bps") : 12;
   int rows_per_block = gdn_rows_per_block(tune_knob("gdn_replay_rows"), p, int64_t(num_sms()) * bps, Layout::kRowsPerIter,
                                           kMinBlocks, smem_for);
