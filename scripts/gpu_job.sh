@@ -18,8 +18,8 @@
 # call, their builds in parallel (one build's time for all). VARIANTS lists NAME=patch+patch... (NAME alone: the
 # tree as it is); each is copied to /tmp/var/NAME, patched and built in place; then each entry of VRUNS,
 # NAME:KIND with KIND mamba2, gdn, spec or gdnspec (that `--tune` benchmark, plus VBENCH_ARGS_KIND or VBENCH_ARGS, into
-# $OUT/KIND_NAME.json), test (the CUDA tests, -k VTEST_K_NAME or VTEST_K when set) or sanitize (memcheck over the CUDA tests of
-# VSAN_TESTS, default tests, -k VSAN_K, default SAN_K below), runs in order in its copy (logs in /tmp/var:
+# $OUT/KIND_NAME.json), test (the CUDA tests, -k VTEST_K_NAME or VTEST_K when set), sanitize (memcheck over the CUDA tests of
+# VSAN_TESTS, default tests, -k VSAN_K, default SAN_K below) or psanitize (the same, one process a test file, in parallel), runs in order in its copy (logs in /tmp/var:
 # the call prints their tails). The working tree is left as it was. Example (session 7):
 # VARIANTS="base p1=ring-sum-at-flush" VRUNS="base:mamba2 p1:mamba2" bash scripts/gpu_job.sh variants
 # VREUSE=1 keeps the builds a previous call left in /tmp/var (a machine still warm: a call within its idle
@@ -113,6 +113,15 @@ for step in $STEPS; do
                 LOGDIR=/tmp/var run "test_$name" python3 -m pytest -q -rs tests -m cuda ${tk:+-k "$tk"} ;;
           sanitize) LOGDIR=/tmp/var run "sanitize_$name" compute-sanitizer --tool memcheck --target-processes all \
               python3 -m pytest -q -x -m cuda ${VSAN_TESTS:-tests} -k "${VSAN_K:-$SAN_K}" ;;
+          psanitize)  # (memcheck as sanitize, one compute-sanitizer a test file, all at once: ~335 s for every CUDA test,
+            # session 49, against more than 360 s in one process)
+            pids=; for f in ${VSAN_TESTS:-$(grep -l cuda tests/test_*.py)}; do  # (the files with CUDA tests: pytest -m cuda on one without exits 5)
+              t=$(basename "$f" .py)
+              LOGDIR=/tmp/var run "psan_${name}_$t" compute-sanitizer --tool memcheck --error-exitcode 97 --target-processes all \
+                python3 -m pytest -q -x -m cuda "$f" -k "${VSAN_K:-$SAN_K}" > /tmp/var/psan_${name}_$t.out 2>&1 &
+              pids="$pids $!"; done
+            for pid in $pids; do wait $pid || status=1; done
+            cat /tmp/var/psan_${name}_*.out; grep -h "ERROR SUMMARY" /tmp/var/psan_${name}_*.log ;;
           *) case $kind in mamba2) script=bench_mamba2.py ;; gdn) script=bench_gdn.py ;; spec) script=bench_speculative.py ;;
                gdnspec) script=bench_gdn_speculative.py ;; *) echo "=== unknown run kind $kind"; status=1; cd - > /dev/null; continue ;; esac
              kargs=VBENCH_ARGS_$kind  # (VBENCH_ARGS_mamba2, ..._gdnspec: one kind's arguments, else VBENCH_ARGS)
