@@ -686,18 +686,24 @@ void launch_mamba2_replay_step_v10(const Mamba2ReplayStepParams& p, cudaStream_t
   const int max_rows = std::max(kMaxRows, Layout::kRowsPerIter);
   int rows_per_block = static_cast<int>(std::min<int64_t>({rows, group_rows, forced_rows > 0 ? int64_t(1) << 20 : max_rows,
                                                           int64_t(kThreads - 1) * p.headdim}));
-  // 16-bit rows of N = 128 (the view), since the fold-first order: the largest of 512 and 256 rows that leaves the grid
-  // two waves of 3 blocks per SM or more, else the rule above. H200, session 11, shuffled interleaved timings
-  // (bench/results/session11/), us at batch 32 / 128 / 256 for 128, 256, 512, 1024 rows: 53.0 / 41.8 / 55.5 / 81.6;
-  // 181.9 / 128.7 / 110.3 / 121.5; 349.9 / 245.1 / 207.4 / 213.0 (the former rule's 46.9 / 128.8 / 206.9).
+  // 16-bit rows of N = 128 (the view), since the fold-first order: 512 rows where the grid is three waves of kMinBlocks
+  // blocks per SM or more, else 256 where it is two waves of 3 or more, else the rule above. H200, session 11, shuffled
+  // interleaved timings (bench/results/session11/), us at batch 32 / 128 / 256 for 128, 256, 512, 1024 rows: 53.0 /
+  // 41.8 / 55.5 / 81.6; 181.9 / 128.7 / 110.3 / 121.5; 349.9 / 245.1 / 207.4 / 213.0 (the former rule's 46.9 / 128.8
+  // / 206.9). Until session 49 512 rows also needed only two waves of 3: batches 50-98 here. H100, L = 16 (4 blocks
+  // per SM), session 49 (bench/results/session49/mamba2_view_bps12_call3_h100.json), 128 / 256 / 512 rows: batch 32
+  // 45.3 / 44.1 / 68.4, 48 63.1 / 57.5 / 67.5, 64 80.6 / 73.7 / 82.8, 96 115.1 / 106.0 / 106.2, 128 149.2 / 138.5 / 135.5.
+  // This rule, session 50 (bench/results/session50/mamba2_view_mw_call1_h100.json): 63.65 / 71.77 / 79.37 us at batch
+  // 56 / 64 / 72 against the replay_rows=512 entry's (the former rule's) 72.75 / 80.33 / 85.34; 48 and 96-256 as before.
   if constexpr (sizeof(src_t) == 2 && kN == 128) {
     if (forced_rows <= 0)
       for (const int r : {512, 256}) {
         const int64_t chunks_r = (group_rows + r - 1) / r;
+        const int64_t min_blocks = int64_t(num_sms()) * (r == 512 ? kMinBlocks * 3 : 3 * 2);
         // (r <= (kThreads - 1) * headdim: at most kThreads heads per block, as above; the kernel's prologue takes a
         // thread per head)
         if (r <= group_rows && r % Layout::kRowsPerIter == 0 && r <= (kThreads - 1) * p.headdim &&
-            chunks_r * groups_total >= int64_t(num_sms()) * 3 * 2) {  // (session 11's rows; kept at 4 blocks/SM)
+            chunks_r * groups_total >= min_blocks) {
           rows_per_block = std::max(rows_per_block, r);
           break;
         }
