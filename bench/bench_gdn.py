@@ -164,7 +164,7 @@ REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_replay_varian
 VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=128", "gdn_replay_rows=64", "gdn_replay_split=0",
               "stream_lean=0", "gdn_replay_rows=512", "pdl=1", "pdl=1,pdl_ring_ahead=0",
               "pdl=1,replay_fold_first=0", "replay_stage0_first=0", "gdn_replay_bps=16", "gdn_replay_min_rows=0",
-              "fold_phase_code=1", "fold_phase_code=1,stream_lean=0", "order_cursor=0"]
+              "fold_phase_code=1", "fold_phase_code=1,stream_lean=0", "order_cursor=0", "view_fold_lean=0"]
 
 
 def main():

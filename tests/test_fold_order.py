@@ -2,10 +2,10 @@
 batch row and nothing else (its records also carry each row's slot id and cursor, which the blocks take from there;
 REPLAYSSM_TUNE order_cursor=0: they read them themselves): the same steps with the order forced on (REPLAYSSM_TUNE replay_fold_first=1) and off
 (=0) give the same bits in every output and in every tensor of the cache. A lost or doubled row in the order would
-leave an output unwritten (NaN) or append a token twice. With a Mamba-2 output view, the folding rows that the order
-marks serve their outputs from the master rounded to bf16, staged in a row loop of their own; without the order, or
-with REPLAYSSM_TUNE view_fold_lean=0, they read the view itself: the same bits again, since the view is always the
-master rounded to nearest."""
+leave an output unwritten (NaN) or append a token twice. With an output view (Mamba-2, and GDN since session 50 where
+the key dimension is 128 or more), the folding rows that the order marks serve their outputs from the master rounded to
+bf16, staged in a row loop of their own; without the order, or with REPLAYSSM_TUNE view_fold_lean=0, they read the
+view itself: the same bits again, since the view is always the master rounded to nearest."""
 import dataclasses
 
 import pytest
@@ -32,8 +32,7 @@ def _mamba2(num_slots, view, gen, H=4, P=16, G=2, N=32, align_folds=False):
     return cache, step, lambda batch: layer.token(batch, torch.bfloat16, gen), "x"
 
 
-def _gdn(num_slots, view, gen, align_folds=False):
-    HV, H, K, V = 4, 2, 32, 32
+def _gdn(num_slots, view, gen, align_folds=False, HV=4, H=2, K=32, V=32):
     A_log = (torch.rand(HV, generator=gen) * 2.7).cuda()
     dt_bias = (torch.rand(HV, generator=gen) - 4.0).cuda()
     cache = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device="cuda",
@@ -76,7 +75,7 @@ def test_cuda_fold_first_order_changes_no_bit(monkeypatch, model, batch, view, a
     gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
     num_slots = batch + 5
     made = (_mamba2 if model == "mamba2" else _gdn)(num_slots, view, gen, align_folds=align_folds)
-    _check_paths(monkeypatch, gen, batch, made, view and model == "mamba2")
+    _check_paths(monkeypatch, gen, batch, made, view)
 
 
 # The Mamba-2 view's loops at shapes where a block runs more row iterations than the staged master has stages (3:
@@ -101,6 +100,27 @@ def test_cuda_view_fold_paths_change_no_bit(monkeypatch, N, rows, tune):
     _check_paths(monkeypatch, gen, batch, made, True, extra=f",replay_rows={rows}{tune}")
 
 
+# The GDN view's staged master loop (K >= 128, csrc/gdn/kernels.cuh kCanStage): the default kernel at K = 128 (four
+# stages, two of them the staged master's), the six-stage one (gdn_view_variant=0: three, one deferred past the
+# ring's group), the prologue waiting for every first stage, blocks that straddle value heads (96 rows of V = 128),
+# and K = 256 (16 lanes a row); blocks of `rows` rows run 4-8 row iterations, more than the master has stages.
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("K, V, rows, tune", [(128, 128, 128, ""), (128, 128, 96, ""), (128, 128, 256, ""),
+                                              (128, 128, 128, ",gdn_view_variant=0"),
+                                              (128, 128, 128, ",replay_stage0_first=0"),
+                                              (128, 128, 96, ",gdn_view_variant=0,replay_stage0_first=0"),
+                                              (256, 64, 64, "")])
+@pytest.mark.parametrize("align_folds", [False, True], ids=["ring-full", "aligned"])
+def test_cuda_gdn_view_fold_paths_change_no_bit(monkeypatch, K, V, rows, tune, align_folds):
+    """(aligned: the four-blocks-an-SM kernel with the phase's code has no staged loop, the six-stage one has)"""
+    gen = torch.Generator()
+    gen.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
+    batch = 70
+    made = _gdn(batch + 5, True, gen, align_folds=align_folds, HV=4, H=2, K=K, V=V)
+    _check_paths(monkeypatch, gen, batch, made, True, extra=f",gdn_replay_rows={rows}{tune}")
+
+
 def _check_paths(monkeypatch, gen, batch, made, lean_fold, extra=""):
     """2L + 1 steps of a cache with staggered cursors, in the fold-first order and in the grid's order (and in the
     fold-first order with the blocks reading slot ids and cursors themselves; with lean_fold, with the folding rows
@@ -116,7 +136,7 @@ def _check_paths(monkeypatch, gen, batch, made, lean_fold, extra=""):
         cache.fold_phase[0] = int(torch.randint(1, L, (), generator=gen))  # (a boundary within the steps below)
     twin = _clone(cache)
     # More copies in the fold-first order: its blocks reading their slot ids and cursors themselves instead of taking
-    # them from the order's records (order_cursor=0); with a Mamba-2 view, the folding rows reading the view.
+    # them from the order's records (order_cursor=0); with a view, the folding rows reading the view.
     others = {t: _clone(cache) for t in ("order_cursor=0",) + (("view_fold_lean=0",) if lean_fold else ())}
     ids = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
     ids[torch.randperm(batch, generator=gen)[:batch // 10]] = PAD_SLOT  # pad rows among the live ones

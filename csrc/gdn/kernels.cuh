@@ -66,6 +66,8 @@
 //   fold_pair          an fp32 checkpoint's folding steps: 1 two row iterations per trip (each float4 of the ring-k
 //                      tile read once for both rows), 0 one; default: two (since session 37; before, only past one
 //                      resident wave, as for the Mamba-2 replay step); 16-bit activations only
+//   view_fold_lean     0: a view's folding rows that the fold-first order marks stream the view and load the master
+//                      where used, as unmarked ones do (default: they stream the master alone, staged; since session 50)
 //   stream_lean        0: the replay step's row copies from 64-bit addresses, 1: from 32-bit offsets (default: those
 //                      wherever the offsets fit, since session 39; before, a plain cache's only past one resident wave)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default: a view's grids within one wave; a plain
@@ -428,14 +430,60 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(V);
   };
+  // A view's folding rows that the fold-first order marks (grids past one resident wave; p.view_fold_stage, the
+  // launcher's, REPLAYSSM_TUNE view_fold_lean=0: not) read no view. The view is always the master rounded to nearest
+  // (allocation, reset_slots and every fold write them so), so the fp32 master the fold reads serves S k and S q too,
+  // rounded to bf16: the view's values bit for bit, and 1/6 fewer bytes at a fold (read 4, write 4 + 2 an element,
+  // where the view's 2 were read too). The marked blocks stream the master rows through the staging buffer,
+  // kStages / 2 iterations ahead, in a row loop of their own (below), as the Mamba-2 view's since session 14
+  // (mamba2/replay_step.cuh: its folding launch 866 -> 789 us at batch 256, H200). Unmarked folding rows (no order)
+  // stream the view and load the master one iteration ahead, as before. H100, session 50, batch 256: 146.3 us against
+  // the view_fold_lean=0 entry's 150.8 (-3.0%; predicted -2 to -4%; bench/results/session50/gdn_view_fs_call4_h100.json).
+  constexpr int kMasterStages = kStages / 2, kMasterVecs = 2 * kVecs;  // (the staging buffer, in fp32 vectors)
+  // (Not in the four-blocks-an-SM kernel with the phase's code, an aligned view's: there the loop pushed the non-lean
+  // form from no spill to 28 bytes, with loads of it inside the row loops, ptxas and SASS; an aligned view's folds all
+  // come in one step, where the order does nothing for them anyway.)
+  constexpr bool kCanStage = kView && sizeof(src_t) == 2 && Layout::kVec == 8 && kLanes % 8 == 0 && kStages >= 4 &&
+                             kStages % 2 == 0 && Layout::kRowsPerIter * (kK / 4) == kMasterVecs * kThreads &&
+                             (kMinBlocks != 4 || !kPhase);
+  const bool marked = kCanStage && p.view_fold_stage != 0 && p.row_order != nullptr && order_folds(row.entry);
+  // A stage holds the iteration's rows whole, [row of the iteration][16-byte chunk], a row's lanes copying consecutive
+  // chunks (whole sectors). Lane l's columns are chunks 2 (v kLanes + l) and + 1: read in place, the 8 lanes of a
+  // quarter-warp would meet 2-way in the banks, so chunk k sits at k ^ bit 3 of k (a flip of bit 0): the copies (8
+  // consecutive chunks from a multiple of 8) and the reads (lanes 0-3 even 16-byte slots, 4-7 odd) then meet in none.
+  // The row's lanes read each other's copies: __syncwarp around the stage (the marked loop).
+  auto master_chunk = [&](int k) { return (warp * Layout::kRowsPerWarp + row_in_warp) * (kK / 4) + (k ^ ((k >> 3) & 1)); };
+  auto issue_master = [&](int it, int stage) {
+    if constexpr (kCanStage) {
+      if (it < n_iter && copy_pos.r < row_end) {
+        const float* mrow = master_row(copy_pos);
+#pragma unroll
+        for (int vv = 0; vv < kMasterVecs; ++vv) {
+          const int k = vv * kLanes + lane_in_row;
+          cp_async16(&staging[stage * kMasterVecs * kThreads + master_chunk(k)], mrow + 4 * k);
+        }
+      }
+    }
+    cp_async_commit();
+    copy_pos.advance<Layout::kRowsPerIter>(V);
+  };
   // stage0_first (params.h, the default since session 35): only iteration 0 now, iterations 1..kStages-2 after the
   // ring's group (below), so that the prologue waits for iteration 0 and the ring alone (a thread's groups complete
-  // in order; the row loop's waits count as before, the ring's group being older than iteration 1's).
+  // in order; the row loop's waits count as before, the ring's group being older than iteration 1's). A marked block
+  // the same with its master stages (1..kMasterStages-2 after the ring's group).
   const bool stage0_first = p.stage0_first != 0 && kStages > 2;
-  issue(0, 0);
-  if (!stage0_first)
+  auto issue_rest = [&] {  // the first stages after iteration 0's
+    if (kCanStage && marked) {
 #pragma unroll
-    for (int it = 1; it < kStages - 1; ++it) issue(it, it);
+      for (int it = 1; it < kMasterStages - 1; ++it) issue_master(it, it);
+    } else {
+#pragma unroll
+      for (int it = 1; it < kStages - 1; ++it) issue(it, it);
+    }
+  };
+  if (kCanStage && marked) issue_master(0, 0);
+  else issue(0, 0);
+  if (!stage0_first) issue_rest();
 
   // ---- Prologue: v_t and the ring into shared memory (one cp.async group), the token's q, k, g, beta.
   const float* ring_u = c.ring_u + slot * c.ring_u_slot_stride + int64_t(h) * ratio * c.ring_u_head_stride;
@@ -494,9 +542,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   check_replay_cursor(w, L, slot, "gdn_replay_step");
   check_fold_phase(fold_phase, phase, L, "gdn_replay_step");
   cp_async_commit();
-  if (stage0_first)
-#pragma unroll
-    for (int it = 1; it < kStages - 1; ++it) issue(it, it);
+  if (stage0_first) issue_rest();
   // The fold count (stochastic rounding's Philox counter): read, and the load consumed, before the block counts in,
   // since the slot's last block increments it. (Only stochastic rounding uses it in the row loop; the increment
   // re-reads it, so that no register holds it across the loop: at 168 registers the view kernels spilled.)
@@ -508,8 +554,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
   // The ring's group and every group before it (stage0_first: iterations 1..kStages-2 may stay in flight).
-  if (stage0_first) cp_async_wait<(kStages > 2 ? kStages - 2 : 0)>();
-  else cp_async_wait<0>();
+  if (!stage0_first) cp_async_wait<0>();
+  else if (kCanStage && marked) cp_async_wait<(kMasterStages > 2 ? kMasterStages - 2 : 0)>();
+  else cp_async_wait<(kStages > 2 ? kStages - 2 : 0)>();
   __syncthreads();  // tiles and token written; every thread of the block has read the cursor (and the fold count)
 
   // Count this block in: all its threads have read the cursor, so the slot's last block to arrive may advance it
@@ -529,6 +576,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // order, as before: the same bits). Before, a warp formed one position's dots at a time (4 positions per warp in
   // sequence at w = 15) and the decays waited behind them on a thread per (value head, j).
   const bool fold = folds_at(w, phase, L);
+  // (the order's mark and the cursor agree: the marked loop reads master stages, the other the view's)
+  RSSM_DEVICE_CHECK(!kCanStage || p.view_fold_stage == 0 || p.row_order == nullptr || marked == fold,
+                    "gdn_replay_step: the order's fold mark (%d) disagrees with slot %lld's cursor %d", int(marked), (long long)slot, w);
   {
     const int lane8 = lane & 7;
     for (int first = warp * 4; first <= w; first += kThreads / 8) {  // (every lane of a warp: the same trip count)
@@ -681,6 +731,55 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           }
         if (va) Layout::store_row(ckpt_row(qa), lane_in_row, sa);
         if (vb) Layout::store_row(ckpt_row(qb), lane_in_row, sb);
+      }
+    }
+  } else if (kCanStage && marked) {
+    if constexpr (kCanStage) {
+      // A marked folding row of a view (above): its master row from the staging buffer, S k and S q from its bf16
+      // rounding (the view's values), then the fold as the loop below forms it (the same arithmetic in the same order:
+      // the same bits).
+      for (int it = 0; it < n_iter; ++it) {
+        __syncwarp();  // the row's lanes have read the stage that this issue refills
+        issue_master(it + kMasterStages - 1, stage == 0 ? kMasterStages - 1 : stage - 1);
+        cp_async_wait<kMasterStages - 1>();
+        __syncwarp();  // and its lanes' copies of iteration `it` have landed
+        const RowPos q = pos;
+        pos.advance<Layout::kRowsPerIter>(V);
+        const bool valid = q.r < row_end;
+        const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
+        float s[kCols];
+#pragma unroll
+        for (int vv = 0; vv < kMasterVecs; ++vv) {  // this lane's columns col(lane_in_row, vv / 2, 4 (vv % 2))
+          const int k = Layout::col(lane_in_row, vv / 2, (vv % 2) * 4) / 4;
+          const uint4 m = staging[stage * kMasterVecs * kThreads + master_chunk(k)];
+          float* sv = &s[(vv / 2) * Layout::kVec + (vv % 2) * 4];
+          sv[0] = __uint_as_float(m.x), sv[1] = __uint_as_float(m.y), sv[2] = __uint_as_float(m.z), sv[3] = __uint_as_float(m.w);
+        }
+        stage = stage == kMasterStages - 1 ? 0 : stage + 1;
+        float pk[2] = {0.f, 0.f}, pq[2] = {0.f, 0.f};  // (the loop below's chains, on the view's values)
+#pragma unroll
+        for (int col = 0; col < kCols; ++col) {
+          const float sv = round_to<src_t>(s[col]);
+          pk[col % 2] = fmaf(sv, kv[col], pk[col % 2]), pq[col % 2] = fmaf(sv, qv[col], pq[col % 2]);
+        }
+        const float dcy = decay[hl];
+        float Sk = (pk[0] + pk[1]) * dcy, Sq = (pq[0] + pq[1]) * dcy;
+        const float* wh = weight + hl * L;
+        for (int j = lane_in_row; j < w; j += kLanes) {
+          const float wu = wh[j] * ru[j * ts + rl];
+          Sk = fmaf(wu, kk[j], Sk), Sq = fmaf(wu, kq[j], Sq);
+        }
+        Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
+        const float alpha = al[hl];
+        const float u = bt[hl] * (to_float(vt[rl]) - alpha * Sk);
+        if (valid && lane_in_row == 0) out[q.hl * p.out_head_stride + q.i] = from_float<act_t>(alpha * Sq + u * kq_t);
+#pragma unroll
+        for (int col = 0; col < kCols; ++col) s[col] *= dcy;
+#pragma unroll 1
+        for (int j = 0; j < w; ++j) Layout::axpy_tile(wh[j] * ru[j * ts + rl], rk + j * kK, lane_in_row, s);
+#pragma unroll
+        for (int col = 0; col < kCols; ++col) s[col] = fmaf(alpha, s[col], u * kv[col]);
+        if (valid) Layout::store_master_and_view(master_row(q), src_row(q), lane_in_row, s);
       }
     }
   } else {
@@ -1977,6 +2076,9 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // 111.5 / 213.0 -> 34.3 / 110.3 / 211.7 us at batch 32 / 128 / 256, the view 30.8 / 80.7 / 148.9 -> 29.5 / 79.8 /
   // 148.2). REPLAYSSM_TUNE replay_stage0_first=0: every first stage waited for (the former prologue).
   q.stage0_first = tune_knob("replay_stage0_first") != 0 ? 1 : 0;
+  // A view's folding rows marked by the order stream the master alone (the kernel's kCanStage; REPLAYSSM_TUNE
+  // view_fold_lean=0: they stream the view too and load the master where used, the form before session 50).
+  q.view_fold_stage = tune_knob("view_fold_lean") != 0 ? 1 : 0;
   // Folding rows first (common/fold_order.cuh): with a view. A plain checkpoint's grid of at most two resident waves
   // took it too from session 17 (batch 32 with 96-128-row blocks: 28.7-29.7 against 29.7-30.1 us in each of eight H200
   // runs, sessions 17-32); since the 64-row blocks (session 35 at batch 32: ~4 waves, and the floor of session 37) only

@@ -83,6 +83,9 @@ struct GdnReplayParams : GdnTokenParams {
   // Replay step: 1 = only the first row iteration's copies ahead of the ring's (REPLAYSSM_TUNE replay_stage0_first;
   // the launcher sets it).
   int stage0_first = 0;
+  // Replay step of a view: 1 = the folding rows the order marks stream the master alone (REPLAYSSM_TUNE
+  // view_fold_lean; the launcher sets it).
+  int view_fold_stage = 0;
 };
 
 struct GdnReplayStateParams {
