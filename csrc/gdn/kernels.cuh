@@ -455,14 +455,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   auto master_chunk = [&](int k) { return (warp * Layout::kRowsPerWarp + row_in_warp) * (kK / 4) + (k ^ ((k >> 3) & 1)); };
   auto issue_master = [&](int it, int stage) {
     if constexpr (kCanStage) {
-      if (it < n_iter && copy_pos.r < row_end) {
-        const float* mrow = master_row(copy_pos);
-#pragma unroll
-        for (int vv = 0; vv < kMasterVecs; ++vv) {
-          const int k = vv * kLanes + lane_in_row;
-          cp_async16(&staging[stage * kMasterVecs * kThreads + master_chunk(k)], mrow + 4 * k);
-        }
-      }
+      if (it < n_iter && copy_pos.r < row_end)
+        copy_row_chunks_async<kMasterVecs, kLanes>(staging + stage * kMasterVecs * kThreads, master_row(copy_pos), lane_in_row,
+                                                   master_chunk);
     }
     cp_async_commit();
     copy_pos.advance<Layout::kRowsPerIter>(V);

@@ -179,6 +179,17 @@ __device__ __forceinline__ void cp_async4(void* smem_dst, const void* gmem_src) 
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
 }
+// An fp32 row into one stage of a staging buffer by 16-byte cp.async chunks: the row's kLanes lanes copy consecutive
+// chunks (lane l the chunks l + kLanes vv, whole sectors per instruction), chunk k to stage[slot(k)] (the caller's
+// bank swizzle). The staged master rows of the Mamba-2 and GDN views' folding rows (their replay steps).
+template <int kVecs, int kLanes, typename Slot>
+__device__ __forceinline__ void copy_row_chunks_async(uint4* stage, const float* row, int lane_in_row, const Slot& slot) {
+#pragma unroll
+  for (int vv = 0; vv < kVecs; ++vv) {
+    const int k = vv * kLanes + lane_in_row;
+    cp_async16(&stage[slot(k)], row + 4 * k);
+  }
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
