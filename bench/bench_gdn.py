@@ -133,9 +133,9 @@ def bench_batch(batch, L, shape, fla, gen, smoke=False, tune=False, layers=None,
                     common.add_variant(fns, all_caches, name, label,
                                        *replay_caches(batch, n_layers, L, shape, gen, inputs, A_log, dt_bias, slots, view,
                                                       device=device, align_folds=align))
-                    if view is not None:  # the aligned view in the non-lean form: with the phase's code the lean
-                        # form spills 44 bytes (ptxas), the non-lean one none (session 49); the same caches, full cycles
-                        fns[(name, label + ",stream_lean=0")] = (fns[(name, label)][0], "stream_lean=0")
+                    if view is not None:  # the aligned view in the lean form (the launcher's choice until session
+                        # 50: with the phase's code it spills 44 bytes, ptxas); the same caches, full cycles
+                        fns[(name, label + ",stream_lean=1")] = (fns[(name, label)][0], "stream_lean=1")
     before = common.cursors_of(all_caches)
     if smoke:
         times = {name: (fns[name](), 0.0)[1] for name in ("standard", "replay", "replay_view")}
@@ -162,9 +162,9 @@ REPLAY_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_replay_varian
 # =0 the general kernel there, =1 the small kernel at any batch; gdn_replay_min_rows=0: the general kernel's blocks as
 # the bps split gives them, without the default's floor of 64 rows)
 VIEW_TUNES = ["replay_fold_first=0", "replay_fold_first=1", "gdn_view_variant=0", "gdn_replay_rows=256", "gdn_replay_rows=128", "gdn_replay_rows=64", "gdn_replay_split=0",
-              "stream_lean=0", "gdn_replay_rows=512", "pdl=1", "pdl=1,pdl_ring_ahead=0",
+              "stream_lean=1", "gdn_replay_rows=512", "pdl=1", "pdl=1,pdl_ring_ahead=0",
               "pdl=1,replay_fold_first=0", "replay_stage0_first=0", "gdn_replay_bps=16", "gdn_replay_min_rows=0",
-              "fold_phase_code=1", "fold_phase_code=1,stream_lean=0", "order_cursor=0", "view_fold_lean=0"]
+              "fold_phase_code=1", "fold_phase_code=1,stream_lean=1", "order_cursor=0", "view_fold_lean=0"]
 
 
 def main():

@@ -110,7 +110,8 @@ def test_cuda_view_fold_paths_change_no_bit(monkeypatch, N, rows, tune):
                                               (128, 128, 128, ",gdn_view_variant=0"),
                                               (128, 128, 128, ",replay_stage0_first=0"),
                                               (128, 128, 96, ",gdn_view_variant=0,replay_stage0_first=0"),
-                                              (256, 64, 64, "")])
+                                              (256, 64, 64, ""),
+                                              (128, 128, 128, ",stream_lean=1")])  # (the former default, 32-bit offsets)
 @pytest.mark.parametrize("align_folds", [False, True], ids=["ring-full", "aligned"])
 def test_cuda_gdn_view_fold_paths_change_no_bit(monkeypatch, K, V, rows, tune, align_folds):
     """(aligned: the four-blocks-an-SM kernel with the phase's code has no staged loop, the six-stage one has)"""

@@ -344,8 +344,8 @@ def test_gdn_verify_with_the_numerical_split():
 # spreads a key head's rows over many blocks of one row iteration each, the ring fetched with the cursor), and
 # gdn_replay_rows forcing blocks that straddle value heads and end in partial row iterations, the ring read after
 # the cursor. view-variant-0: the view's former layout (6 stages, 3 blocks per SM; the default is 4 and 4 at K = 128).
-# wide- and lean-offsets: the row copies from 64-bit addresses or 32-bit offsets (a plain cache's default at this
-# batch is the former, a view's the latter).
+# wide- and lean-offsets: the row copies from 64-bit addresses or 32-bit offsets (a view's default is the former, a
+# plain cache's the latter wherever the offsets fit).
 GDN_SPLIT_TUNES = {"default": "", "rows": "gdn_replay_rows={rows},gdn_replay_prefetch=0", "view-variant-0": "gdn_view_variant=0",
                    "wide-offsets": "stream_lean=0", "lean-offsets": "stream_lean=1",
                    "stage0-all": "replay_stage0_first=0",  # every first stage before the prologue's wait (before s35)

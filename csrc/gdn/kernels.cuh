@@ -69,7 +69,8 @@
 //   view_fold_lean     0: a view's folding rows that the fold-first order marks stream the view and load the master
 //                      where used, as unmarked ones do (default: they stream the master alone, staged; since session 50)
 //   stream_lean        0: the replay step's row copies from 64-bit addresses, 1: from 32-bit offsets (default: those
-//                      wherever the offsets fit, since session 39; before, a plain cache's only past one resident wave)
+//                      for a plain checkpoint wherever the offsets fit, since session 39 (before, only past one resident
+//                      wave); a view's from 64-bit addresses, since session 51)
 //   gdn_replay_prefetch 1: fetch the whole ring with the cursor (default: a view's grids within one wave; a plain
 //                    cache's never, since session 38), 0: not
 //   gdn_verify_rows    rows of a key head's value heads (HV/H * V) per gdn_replay_verify block (forced; any value >= 1)
@@ -2034,8 +2035,8 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // 16-bit activations only: with fp32 ones (K = 128, 3 stages, 4 lanes) the pair loop spilled 36 bytes (ptxas).
   constexpr bool kCanPair = std::is_same_v<src_t, ckpt_t> && std::is_same_v<ckpt_t, float> && sizeof(act_t) == 2;
   const bool pair = kCanPair && tune_knob("fold_pair") != 0;
-  // 32-bit offsets of a key head's value-head rows from the block's first (the kernel's kLean) wherever they fit
-  // (REPLAYSSM_TUNE stream_lean=0: never). H200, session 16 (bench/results/session16/), us at batch 1 / 32 / 128 / 256:
+  // A plain checkpoint's rows from 32-bit offsets of a key head's value-head rows from the block's first (the kernel's
+  // kLean) wherever they fit (REPLAYSSM_TUNE stream_lean=0: never; a view's: below). H200, session 16 (bench/results/session16/), us at batch 1 / 32 / 128 / 256:
   // plain 6.46 / 29.6 / 87.7 / 163.1 against 64-bit addresses' 6.20 / 29.6 / 88.3 / 165.2; view 7.51 / 28.9 / 69.4 /
   // 127.1 against 7.62 / 28.8 / 70.8 / 129.4. Batch 1's loss kept one-wave grids on 64-bit addresses until session 39;
   // batches 1-2 have since gone to the small kernel. At 3-16 (the general kernel's one-wave grids; H100, the
@@ -2043,15 +2044,24 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // of bd11db2), 0-1.1% faster in session 38 and 1.3-3.6% faster in session 39: 7.06 / 7.48 / 8.92 / 10.55 / 18.49
   // against 7.33 / 7.74 / 9.14 / 10.69 / 18.50 us at batch 3 / 4 / 6 / 8 / 16
   // (bench/results/session3{7,8,9}/gdn_*.json; session 39's gdn_new_call1_h100.json).
-  const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
-  const bool lean = tune_knob("stream_lean") != 0 &&
-                    int64_t(ratio) * head_stride + int64_t(V) * row_stride < (int64_t(1) << 31) && head_stride < (int64_t(1) << 31);
   // A cache without a fold phase gets, at four blocks an SM (128 registers), the kernel without the phase's code: with
   // it the GDN view's lean kernel spills (ptxas: 56 bytes, 44 with the phase read again at the end); without it the view
   // is 5.0% faster at batch 128 and 256, 14.4% at 32 (H100, one run: bench/results/session46/). At three blocks an SM
   // there are registers to spare.
   // REPLAYSSM_TUNE fold_phase_code=1: the kernel with the phase's code regardless (the form before).
   const bool phase = kMinBlocks != 4 || c.fold_phase != nullptr || tune_knob("fold_phase_code") > 0;
+  // A view streams from 64-bit addresses (REPLAYSSM_TUNE stream_lean=1: from 32-bit offsets too). H100, session 51, one
+  // run (bench/results/session51/), us, the 64-bit form against the 32-bit one:
+  // - without a fold phase (the default view): 28.51 / 78.55 / 146.34 against 29.33 / 80.10 / 148.30 at batch 32 / 128 /
+  //   256, and 3.5-5.3% faster at every batch 4-24 (9.27 / 15.55 / 20.70 / 27.78 against 9.71 / 16.26 / 21.80 / 29.32 at
+  //   4 / 10 / 16 / 24);
+  // - aligned (the four-blocks-an-SM kernel with the phase's code, whose 32-bit form spills 44 bytes, ptxas): 8.40 /
+  //   17.57 / 28.49 / 82.71 / 155.59 against 9.26 / 19.49 / 30.47 / 88.49 / 163.62 at 4 / 16 / 32 / 128 / 256.
+  // Why the plain view's 32-bit form (no spill) is slower is not known; a plain checkpoint's is faster (above).
+  const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
+  const int lean_knob = tune_knob("stream_lean");
+  const bool lean = lean_knob != 0 && (lean_knob > 0 || !view) &&
+                    int64_t(ratio) * head_stride + int64_t(V) * row_stride < (int64_t(1) << 31) && head_stride < (int64_t(1) << 31);
   auto pick = [&](auto pair_c, auto lean_c) {
     constexpr bool kP = decltype(pair_c)::value, kL = decltype(lean_c)::value;
     if constexpr (kMinBlocks == 4)
@@ -2079,8 +2089,13 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // runs, sessions 17-32); since the 64-row blocks (session 35 at batch 32: ~4 waves, and the floor of session 37) only
   // batches ~9-16 here had such a grid, and there it lost: 20.92 against 18.56 us at batch 16 (H100, session 37, the
   // replay_fold_first=0 entry, bench/results/session37/). So plain checkpoints take the grid's order unless forced.
+  // A view's blocks of the 64-row floor (batches 9-24 here) take the grid's order too: the order's launch cost more
+  // than it saved there. H100, us at batch 16 / 24, default (fold-first) against the replay_fold_first=0 entry: 21.39 /
+  // 28.11 against 20.38 / 27.13 (session 50, bench/results/session50/gdn_view_mw_call1_h100.json; call 3: 21.45 against
+  // 20.42 at 16; session 49: 21.49 against 19.86 at 16). With 128-row blocks (batch 25 and up) it gains: 29.94 against
+  // 33.57 at 32, 37.70 against 43.52 at 48 (session 50).
   const bool pdl_asked = pdl_requested();
-  const bool fold_first = view;
+  const bool fold_first = view && rows_per_block > 64;
   q.row_order = fold_first_order(p.row_order, p.slot_ids, p.slot_ids_int64, c.cursor, c.fold_phase, p.num_slots, c.ring_len,
                                  p.batch, blocks, resident, fold_first, stream);
   const dim3 grid(chunks, p.nkheads, p.batch);
