@@ -744,13 +744,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         const bool valid = q.r < row_end;
         const int hl = valid ? q.hl : 0, rl = valid ? q.r - row_begin : 0;
         float s[kCols];
-#pragma unroll
-        for (int vv = 0; vv < kMasterVecs; ++vv) {  // this lane's columns col(lane_in_row, vv / 2, 4 (vv % 2))
-          const int k = Layout::col(lane_in_row, vv / 2, (vv % 2) * 4) / 4;
-          const uint4 m = staging[stage * kMasterVecs * kThreads + master_chunk(k)];
-          float* sv = &s[(vv / 2) * Layout::kVec + (vv % 2) * 4];
-          sv[0] = __uint_as_float(m.x), sv[1] = __uint_as_float(m.y), sv[2] = __uint_as_float(m.z), sv[3] = __uint_as_float(m.w);
-        }
+        read_row_chunks<Layout, kMasterVecs>(staging + stage * kMasterVecs * kThreads, lane_in_row, master_chunk, s);
         stage = stage == kMasterStages - 1 ? 0 : stage + 1;
         float pk[2] = {0.f, 0.f}, pq[2] = {0.f, 0.f};  // (the loop below's chains, on the view's values)
 #pragma unroll
@@ -2053,11 +2047,13 @@ void launch_gdn_replay_step(const GdnReplayParams& p, cudaStream_t stream) {
   // A view streams from 64-bit addresses (REPLAYSSM_TUNE stream_lean=1: from 32-bit offsets too). H100, session 51, one
   // run (bench/results/session51/), us, the 64-bit form against the 32-bit one:
   // - without a fold phase (the default view): 28.51 / 78.55 / 146.34 against 29.33 / 80.10 / 148.30 at batch 32 / 128 /
-  //   256, and 3.5-5.3% faster at every batch 4-24 (9.27 / 15.55 / 20.70 / 27.78 against 9.71 / 16.26 / 21.80 / 29.32 at
+  //   256, and 4.1-5.3% faster at every batch 4-24 (9.27 / 15.55 / 20.70 / 27.78 against 9.71 / 16.26 / 21.80 / 29.32 at
   //   4 / 10 / 16 / 24);
   // - aligned (the four-blocks-an-SM kernel with the phase's code, whose 32-bit form spills 44 bytes, ptxas): 8.40 /
   //   17.57 / 28.49 / 82.71 / 155.59 against 9.26 / 19.49 / 30.47 / 88.49 / 163.62 at 4 / 16 / 32 / 128 / 256.
-  // Why the plain view's 32-bit form (no spill) is slower is not known; a plain checkpoint's is faster (above).
+  // Why the plain view's 32-bit form (8 bytes spilled, outside the row loops) is slower is not known; a plain
+  // checkpoint's is faster (above). Session 16's H200 run (above, an older kernel) had the view's 32-bit form faster:
+  // this rule is not yet checked on an H200 (the benchmark's stream_lean=1 view entry).
   const int64_t head_stride = view ? c.view_head_stride : c.ckpt_head_stride, row_stride = view ? c.view_row_stride : c.ckpt_row_stride;
   const int lean_knob = tune_knob("stream_lean");
   const bool lean = lean_knob != 0 && (lean_knob > 0 || !view) &&

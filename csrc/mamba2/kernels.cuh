@@ -190,6 +190,19 @@ __device__ __forceinline__ void copy_row_chunks_async(uint4* stage, const float*
     cp_async16(&stage[slot(k)], row + 4 * k);
   }
 }
+// This lane's columns of a row that copy_row_chunks_async staged (Layout::col(lane_in_row, v, e): two 16-byte chunks a
+// vector of 8), read from stage[slot(k)] into s as fp32. The staged master rows of the two views' folding rows.
+template <typename Layout, int kVecs, typename Slot>
+__device__ __forceinline__ void read_row_chunks(const uint4* stage, int lane_in_row, const Slot& slot, float* s) {
+  static_assert(Layout::kVec == 8, "two 16-byte chunks a vector");
+#pragma unroll
+  for (int vv = 0; vv < kVecs; ++vv) {
+    const int k = Layout::col(lane_in_row, vv / 2, (vv % 2) * 4) / 4;
+    const uint4 m = stage[slot(k)];
+    float* sv = &s[(vv / 2) * Layout::kVec + (vv % 2) * 4];
+    sv[0] = __uint_as_float(m.x), sv[1] = __uint_as_float(m.y), sv[2] = __uint_as_float(m.z), sv[3] = __uint_as_float(m.w);
+  }
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }

@@ -421,13 +421,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       // largest stall, waiting on the previous FMA).
       float part[4] = {0.f, 0.f, 0.f, 0.f};
       if constexpr (kMaster) {  // the master row; the view's values are its bf16 rounding
-#pragma unroll
-        for (int vv = 0; vv < kMasterVecs; ++vv) {  // this lane's columns col(lane_in_row, vv / 2, 4 (vv % 2))
-          const int k = Layout::col(lane_in_row, vv / 2, (vv % 2) * 4) / 4;
-          const uint4 m = staging[stage * kMasterVecs * kThreads + master_chunk(k)];
-          float* sv = &s[(vv / 2) * Layout::kVec + (vv % 2) * 4];
-          sv[0] = __uint_as_float(m.x), sv[1] = __uint_as_float(m.y), sv[2] = __uint_as_float(m.z), sv[3] = __uint_as_float(m.w);
-        }
+        read_row_chunks<Layout, kMasterVecs>(staging + stage * kMasterVecs * kThreads, lane_in_row, master_chunk, s);
         stage = stage == kMasterStages - 1 ? 0 : stage + 1;
         dot_C(s, part, std::true_type{});
       } else {
