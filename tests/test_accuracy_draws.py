@@ -30,3 +30,6 @@ def test_trained_draw_gives_most_decays_near_one_and_a_few_fast_heads():
     assert abs(fast.float().mean().item() - 1 / 8) < 0.012
     init_rate = A_abs * torch.nn.functional.softplus(study.log_uniform_dt_bias(n, gen))
     assert (init_rate < 0.1).float().mean().item() < 0.8  # the init draw is not "most decays near 1"
+    # (|A| in [1, 16] times dt in [1e-3, 1e-1]; the bounds' ends reached within a few percent by 20000 draws)
+    assert init_rate.min().item() >= 1e-3 * (1 - 1e-4) and init_rate.max().item() <= 1.6 * (1 + 1e-4)
+    assert init_rate.min().item() < 1.5e-3 and init_rate.max().item() > 1.2

@@ -177,12 +177,20 @@ def test_verify_and_commit_leave_the_phase(device, model):
     gen = make_gen()
     made = model(device, gen, 3)
     cache = made.cache
-    cache.fold_phase[0] = L - 1  # (at the boundary: a replay step would fold every row now)
+    _fill(cache, gen)  # (a random checkpoint and ring: a fold changes the checkpoint)
+    # Slot 0's window fits (1 + 3 <= L): no fold, though the phase is at the boundary, where a replay step would fold
+    # every row; slot 2's does not (3 + 3 > L): it folds by verify's own rule, its window then from position 0.
+    cache.cursor.copy_(torch.tensor([1, 4, 3], dtype=torch.int32))
+    cache.fold_phase[0] = L - 1
+    before = cache.checkpoint.clone()
     ids = torch.tensor([0, 2], dtype=torch.int32, device=device)
     made.verify(cache, ids, gen, T=3)
-    replayssm.mamba2_replay_commit(cache, ids, torch.tensor([2, 3], dtype=torch.int32, device=device))
+    assert torch.equal(cache.checkpoint[0], before[0]), "a window that fits folds nothing, at the phase boundary too"
+    assert not torch.equal(cache.checkpoint[2], before[2]), "a window that does not fit folds"
+    assert torch.equal(cache.checkpoint[1], before[1])  # (not in the batch)
+    replayssm.mamba2_replay_commit(cache, ids, torch.tensor([1, 3], dtype=torch.int32, device=device))
     assert cache.fold_phase.tolist() == [L - 1, 0]
-    assert cache.cursor.tolist() == [2, 0, 3]
+    assert cache.cursor.tolist() == [1 + 1, 4, 0 + 3]
 
 
 def test_allocation_and_bad_phases():

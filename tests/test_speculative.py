@@ -18,11 +18,6 @@ def make_gen():
     return gen
 
 
-def needs_verify_kernel(device):
-    if device == "cuda" and not torch._C._dispatch_has_kernel_for_dispatch_key("replayssm::mamba2_replay_verify", "CUDA"):
-        pytest.skip("the CUDA verify kernel is not built yet (issue 3): CPU implementation only")
-
-
 def tokens(layer, batch, T, gen, act_dtype=torch.float32):
     """T tokens per row, stacked on dim 1."""
     toks = [layer.token(batch, act_dtype, gen) for _ in range(T)]
@@ -57,7 +52,6 @@ def test_verify_commit_property_over_many_steps(device):
     window would not fit: every output of every tentative token, and the state at every committed position,
     equal the float64 sequential recurrence over the accepted tokens. Rows that fold on the first step (cursor
     at the ring's end), a row that joins late and never folds, and a pad row."""
-    needs_verify_kernel(device)
     verify_property(device, H=4, P=8, N=16, G=2, history=5, T=4, steps=120)
 
 
@@ -67,7 +61,6 @@ def test_verify_commit_property_over_many_steps(device):
 def test_cuda_verify_launch_configurations(monkeypatch, tune):
     """The verify kernel with several blocks per (slot, group), heads straddling blocks (P = 24), N = 128:
     the same property as above."""
-    needs_verify_kernel("cuda")
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     verify_property("cuda", H=8, P=24, N=128, G=2, history=6, T=5, steps=50)
 
@@ -78,7 +71,6 @@ def test_cuda_verify_launch_configurations(monkeypatch, tune):
 def test_cuda_verify_wide_blocks(monkeypatch, tune):
     """Blocks of 512 rows, the default's cap at large batches (eight heads of 64 rows each per block, two blocks per
     group, 32 row iterations per block that refill every stage buffer many times): the same property."""
-    needs_verify_kernel("cuda")
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     verify_property("cuda", H=16, P=64, N=128, G=1, history=6, T=5, steps=20)
 
@@ -87,7 +79,6 @@ def test_verify_bf16_activations(device):
     """bf16 activations with an fp32 checkpoint (the benchmark's and a served model's configuration), N = 128, heads
     straddling blocks (P = 24; on CUDA six 16-row blocks per group): the same property, the outputs to bf16 accuracy
     and the states to fp32 accuracy. The early folds then read the ring's B as bf16."""
-    needs_verify_kernel(device)
     verify_property(device, H=8, P=24, N=128, G=2, history=6, T=5, steps=40, act_dtype=torch.bfloat16)
 
 
@@ -174,7 +165,6 @@ def test_greedy_speculative_decoding_gives_the_tokens_of_plain_decoding(device):
     """A toy language model around one Mamba-2 layer: greedy decoding with the standard step, and speculative
     decoding (drafts from a noisy copy of the greedy sequence, verify, accept the matching prefix, commit)
     produce exactly the same tokens."""
-    needs_verify_kernel(device)
     gen = make_gen()
     H, P, N, G, V, T = 4, 8, 16, 2, 23, 4
     d = H * P
@@ -200,7 +190,7 @@ def test_greedy_speculative_decoding_gives_the_tokens_of_plain_decoding(device):
         plain.append(last.item())
 
     cache = Mamba2ReplayCache.allocate(1, H, P, G, N, ring_len=8 + T, act_dtype=torch.float32, device=device)
-    spec, last, accepted_total = [], start, 0
+    spec, last, calls = [], start, 0
     while len(spec) < steps:
         # Drafts: the next greedy tokens, each replaced by a random one with probability 0.4.
         n = len(spec)
@@ -217,18 +207,18 @@ def test_greedy_speculative_decoding_gives_the_tokens_of_plain_decoding(device):
         replayssm.mamba2_replay_commit(cache, ids, torch.tensor([n_acc], dtype=torch.int32, device=device))
         new = target[:n_acc]  # matched drafts, then the target's own token
         spec += new
-        accepted_total += n_acc
+        calls += 1
         last = torch.tensor([[new[-1]]], device=device)
     assert spec[:steps] == plain
-    assert accepted_total > steps // 2  # speculation did accept several tokens at a time
+    # Speculation did accept several tokens at a time: each draft is right with probability ~0.6, so a call commits
+    # ~2.2 tokens on average (~18 calls for 40 tokens); one token a call, as when every draft were rejected, takes 40.
+    assert calls < 0.75 * steps, calls
 
 
 def test_conv_state_rolls_back_with_the_accepted_count(device):
     """Over many verify/commit steps with random windows and accepted counts, the conv outputs equal the
     sequential convolution over the accepted history followed by the window, and after each commit the conv
     state is exactly the last W - 1 accepted inputs."""
-    if device == "cuda" and not torch._C._dispatch_has_kernel_for_dispatch_key("replayssm::causal_conv1d_verify", "CUDA"):
-        pytest.skip("the CUDA conv verify kernel is not built yet (issue 3): CPU implementation only")
     gen = make_gen()
     dim, W, T, batch = 12, 4, 5, 3
     cache = replayssm.ConvCache.allocate(4, dim, width=W, window=T, dtype=torch.float32, device=device)
@@ -304,7 +294,6 @@ def test_cuda_graph_of_verify_and_commit_matches_eager():
     """verify + commit captured once in a CUDA graph and replayed with new tokens, window sizes and accepted
     counts each time (written into the captured tensors) gives what eager launches give, bit for bit, across
     early folds; a pad row stays untouched."""
-    needs_verify_kernel("cuda")
     gen = make_gen()
     H, P, N, G, T, L = 4, 16, 32, 2, 3, 8
     layer = Layer(H, P, G, N, "cuda", gen)
@@ -361,16 +350,18 @@ def ulp(x, dtype):
 def split_verify_run(device, mode, N, act_dtype, seed, H=8, P=24, G=2, L=7, T=4, steps=14):
     """verify + commit over `steps` windows (random token counts per row, random accepted counts) on a split
     cache: rows [2, pad, 0] of 3 slots, windows of up to T tokens in a ring of L, so that early folds happen
-    often and at different steps for the two slots."""
-    kw = dict(output_view=torch.bfloat16) if mode == "view" else dict(checkpoint_dtype=torch.bfloat16,
-                                                                      rounding="stochastic", seed=11)
+    often and at different steps for the two slots. Mode "plain": an fp32 checkpoint without a view. Returns the
+    cache, the outputs, the initial states, the number of early folds and each element's largest magnitude over the
+    checkpoint's history."""
+    kw = {"view": dict(output_view=torch.bfloat16), "plain": {},
+          "stochastic": dict(checkpoint_dtype=torch.bfloat16, rounding="stochastic", seed=11)}[mode]
     gen = torch.Generator().manual_seed(seed)
     layer = Layer(H, P, G, N, device, gen)
     init = torch.randn(3, H, P, N, generator=gen) * 0.5
     cache = Mamba2ReplayCache.allocate(3, H, P, G, N, ring_len=L, act_dtype=act_dtype, device=device, **kw)
     cache.reset(torch.arange(3, device=device), init.to(device))
     ids = torch.tensor([2, PAD_SLOT, 0], dtype=torch.int32, device=device)
-    outs, folds = [], 0
+    outs, folds, largest = [], 0, init.abs()
     for _ in range(steps):
         n_tok = torch.randint(1, T + 1, (3,), generator=gen, dtype=torch.int32)
         toks = [layer.token(3, act_dtype, gen) for _ in range(T)]
@@ -382,7 +373,8 @@ def split_verify_run(device, mode, N, act_dtype, seed, H=8, P=24, G=2, L=7, T=4,
         outs.append(out.cpu())
         accepted = torch.minimum(torch.randint(1, T + 1, (3,), generator=gen, dtype=torch.int32), n_tok)
         replayssm.mamba2_replay_commit(cache, ids, accepted.to(device))
-    return cache, torch.stack(outs), init, folds
+        largest = torch.maximum(largest, cache.checkpoint.cpu().float().abs())
+    return cache, torch.stack(outs), init, folds, largest
 
 
 @pytest.mark.cuda
@@ -402,9 +394,9 @@ def test_cuda_verify_with_the_numerical_split_matches_cpu(monkeypatch, mode, N, 
     cursors; reproducible run to run; the pad row's output and the unused slot untouched."""
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     seed = torch.randint(0, 2**31 - 1, ()).item()
-    cpu, y_cpu, init, folds = split_verify_run("cpu", mode, N, act_dtype, seed)
-    gpu, y_gpu, _, gpu_folds = split_verify_run("cuda", mode, N, act_dtype, seed)
-    again, y_again, _, _ = split_verify_run("cuda", mode, N, act_dtype, seed)
+    cpu, y_cpu, init, folds, largest = split_verify_run("cpu", mode, N, act_dtype, seed)
+    gpu, y_gpu, _, gpu_folds, _ = split_verify_run("cuda", mode, N, act_dtype, seed)
+    again, y_again, _, _, _ = split_verify_run("cuda", mode, N, act_dtype, seed)
     assert folds == gpu_folds and folds >= 2  # (each slot folds within its first L + 1 windows)
     assert torch.equal(y_gpu, y_again) and torch.equal(gpu.checkpoint, again.checkpoint)
     assert gpu.cursor.tolist() == cpu.cursor.tolist() and (gpu.arrivals == 0).all()
@@ -412,6 +404,11 @@ def test_cuda_verify_with_the_numerical_split_matches_cpu(monkeypatch, mode, N, 
     out_tol = 1e-3 if act_dtype == torch.float32 else 2e-2  # bf16 outputs: a unit of the last place may differ
     assert rel_err(y_gpu, y_cpu.double()) < out_tol
     if mode == "view":
+        # The outputs are the view's: the tolerance above does not tell them from the master's (those differ by
+        # ~2e-3, under a bf16 output's unit), this does: the CPU's view outputs are far closer than its master's.
+        _, y_master, _, _, _ = split_verify_run("cpu", "plain", N, act_dtype, seed)
+        gap = rel_err(y_master, y_cpu.double())
+        assert rel_err(y_gpu, y_cpu.double()) < 0.25 * gap, gap
         assert gpu.fold_count is None
         assert rel_err(gpu.checkpoint.cpu(), cpu.checkpoint.double()) < 1e-5
         assert not torch.equal(gpu.checkpoint.cpu(), init.to(gpu.checkpoint.dtype))
@@ -423,11 +420,11 @@ def test_cuda_verify_with_the_numerical_split_matches_cpu(monkeypatch, mode, N, 
         same = gpu.checkpoint.cpu() == cpu.checkpoint
         assert same.float().mean() > 0.99, same.float().mean()
         # A rounding that went the other way moves an element by one unit of the last place at that fold; later
-        # folds carry the difference on (decaying): at most one unit per fold of the element's largest magnitude.
+        # folds carry the difference on (decaying): at most one unit per fold of the element's largest magnitude over
+        # its history (an intermediate checkpoint may exceed both the initial and the final one: test_numerics).
         diff = (gpu.checkpoint.cpu().float() - cpu.checkpoint.float()).abs()
-        scale = torch.maximum(init.abs(), cpu.checkpoint.float().abs())
         per_slot = cpu.fold_count.max().item()
-        assert (diff[~same] <= (per_slot + 0.01) * ulp(scale[~same], torch.bfloat16)).all()
+        assert (diff[~same] <= (per_slot + 0.01) * ulp(largest[~same], torch.bfloat16)).all()
 
 
 @pytest.mark.cuda
