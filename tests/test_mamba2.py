@@ -100,7 +100,12 @@ def test_replay_and_standard_match_reference_across_folds(device, act_dtype, sta
     assert worst["std"] < tol, worst
     assert worst["rep"] < tol, worst
     assert worst["std_vs_rep"] < 2 * tol, worst
-    # The state each op keeps (pool; checkpoint + ring) equals the reference's.
+    assert_states_match(res, device, state_dtype)
+
+
+def assert_states_match(res, device, state_dtype):
+    """The state each op keeps at the end of run_sequence (pool; checkpoint + ring) equals the reference's, and the
+    cursors the fold rule's."""
     sl = res["slots"]
     state_tol = 4 * UNIT_ROUNDOFF[state_dtype] + 2e-5
     assert rel_err(res["pool"][sl], res["ref_std"][sl]) < state_tol
@@ -116,6 +121,7 @@ def test_shapes_that_are_not_tile_multiples(device, shape):
                        state_dtype=torch.float32, gen=make_gen(), join_at=[0, 2, 1])
     tol = tolerance(torch.bfloat16, torch.float32)
     assert max(max(e["std"], e["rep"]) for e in res["errs"]) < tol
+    assert_states_match(res, device, torch.float32)
 
 
 CUDA_OPS = ["mamba2_step", "mamba2_replay_step", "mamba2_replay_state", "mamba2_replay_verify", "mamba2_replay_commit",
@@ -451,8 +457,8 @@ def test_bad_inputs_raise_clear_errors(device):
     else:
         with pytest.raises(ValueError, match="B must be on cuda:0 \\(like x\\), got cpu"):
             call(B=tok["B"].cpu())
+        odd = Mamba2ReplayCache.allocate(3, 4, 8, 2, 24, device=device, act_dtype=torch.float32)  # (the op rejects it)
         with pytest.raises(ValueError, match="dstate"):
-            odd = Mamba2ReplayCache.allocate(3, 4, 8, 2, 24, device=device, act_dtype=torch.float32)
             replayssm.mamba2_replay_step(odd, tok["x"], tok["dt"], layer.A, tok["B"][..., :24].contiguous(),
                                          tok["C"][..., :24].contiguous(), slot_ids=ids)
 
@@ -483,6 +489,7 @@ def test_ring_lengths_at_the_limits(device, L):
                        state_dtype=torch.float32, gen=make_gen(), join_at=[0, 1, L // 2])
     tol = tolerance(torch.bfloat16, torch.float32)
     assert max(max(e["std"], e["rep"]) for e in res["errs"]) < tol
+    assert_states_match(res, device, torch.float32)
 
 
 def test_reset_starts_a_slot_from_a_given_state(device):
