@@ -3,6 +3,7 @@ loop run eagerly or in a CUDA graph."""
 import dataclasses
 import math
 
+import pytest
 import torch
 
 from replayssm import reference as R
@@ -148,3 +149,19 @@ def assert_only_batch_slots_moved(got, pool, ids):
     assert not torch.equal(got, pool)  # (the states moved)
     others = sorted(set(range(pool.shape[0])) - set(ids.cpu().tolist()))
     assert torch.equal(got[others], pool[others])  # slots outside the batch untouched
+
+
+def assert_kernel_ran(monkeypatch, tune, kernel, launch):
+    """launch() under REPLAYSSM_TUNE=tune, recorded by the CUDA profiler, ran a kernel whose name contains `kernel`
+    (so that a comparison of two launch configurations is not one kernel against itself). Skips where the profiler
+    records no kernel at all (CUPTI unavailable: under compute-sanitizer it has another subscriber)."""
+    monkeypatch.setenv("REPLAYSSM_TUNE", tune)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        launch()
+        torch.cuda.synchronize()
+    monkeypatch.delenv("REPLAYSSM_TUNE")
+    events = prof.key_averages()
+    ran = any(kernel in e.key for e in events)
+    if not ran and not any(e.device_type == torch.autograd.DeviceType.CUDA for e in events):
+        pytest.skip("the CUDA profiler recorded no kernel, so which kernel ran cannot be checked here")
+    assert ran, [e.key for e in events]

@@ -11,8 +11,8 @@ from replayssm import PAD_SLOT, GdnReplayCache
 from replayssm import reference as R
 
 from conftest import HAS_CUDA
-from helpers import (DTYPES, UNIT_ROUNDOFF, FoldModel, assert_chains_agree, assert_only_batch_slots_moved,
-                     clone_cache, rel_err, run_chain, token_inputs, tolerance)
+from helpers import (DTYPES, UNIT_ROUNDOFF, FoldModel, assert_chains_agree, assert_kernel_ran,
+                     assert_only_batch_slots_moved, clone_cache, rel_err, run_chain, token_inputs, tolerance)
 
 
 def make_gen():
@@ -695,14 +695,5 @@ def test_cuda_small_replay_gives_the_general_bits(monkeypatch, case, graph, alig
     for k in ("checkpoint", "ring_u", "ring_k", "ring_g", "cursor"):
         assert torch.equal(got_state[k][pad_free], getattr(cache, k)[pad_free]), k
     if not graph:  # (the small kernel ran: the comparison above is not the general kernel against itself)
-        monkeypatch.setenv("REPLAYSSM_TUNE", "gdn_replay_small=1")
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            one_token([clone_cache(cache)], *(x[0] for x in inputs), outs[0].clone())
-            torch.cuda.synchronize()
-        monkeypatch.delenv("REPLAYSSM_TUNE")
-        events = prof.key_averages()
-        ran = any("gdn_replay_step_small_kernel" in e.key for e in events)
-        if not ran and not any(e.device_type == torch.autograd.DeviceType.CUDA for e in events):
-            # CUPTI unavailable (under compute-sanitizer it has another subscriber); the bits were checked above
-            pytest.skip("the CUDA profiler recorded no kernel, so which kernel ran cannot be checked here")
-        assert ran, [e.key for e in events]
+        assert_kernel_ran(monkeypatch, "gdn_replay_small=1", "gdn_replay_step_small_kernel",
+                          lambda: one_token([clone_cache(cache)], *(x[0] for x in inputs), outs[0].clone()))

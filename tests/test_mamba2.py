@@ -12,8 +12,8 @@ from replayssm import PAD_SLOT, Mamba2ReplayCache
 from replayssm import reference as R
 
 from conftest import HAS_CUDA
-from helpers import (DTYPES, UNIT_ROUNDOFF, FoldModel, Layer, assert_chains_agree, assert_only_batch_slots_moved,
-                     clone_cache, rel_err, run_chain, token_inputs, tolerance)
+from helpers import (DTYPES, UNIT_ROUNDOFF, FoldModel, Layer, assert_chains_agree, assert_kernel_ran,
+                     assert_only_batch_slots_moved, clone_cache, rel_err, run_chain, token_inputs, tolerance)
 
 
 def assert_same_cache(a, b):
@@ -715,17 +715,8 @@ def test_cuda_small_replay_gives_v10_bits(monkeypatch, case, graph, arrive, alig
     if align_folds:
         assert got_state[0]["fold_phase"].tolist() == [model.phase, 0]
     if not graph:  # (the small kernel ran: the comparison above is not the general kernel against itself)
-        monkeypatch.setenv("REPLAYSSM_TUNE", "replay_small=1" + arrive)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            one_token([clone_cache(cache)], *(x[0] for x in inputs), outs[0].clone())
-            torch.cuda.synchronize()
-        monkeypatch.delenv("REPLAYSSM_TUNE")
-        events = prof.key_averages()
-        ran = any("mamba2_replay_step_small_kernel" in e.key for e in events)
-        if not ran and not any(e.device_type == torch.autograd.DeviceType.CUDA for e in events):
-            # CUPTI unavailable (under compute-sanitizer it has another subscriber); the bits were checked above
-            pytest.skip("the CUDA profiler recorded no kernel, so which kernel ran cannot be checked here")
-        assert ran, [e.key for e in events]
+        assert_kernel_ran(monkeypatch, "replay_small=1" + arrive, "mamba2_replay_step_small_kernel",
+                          lambda: one_token([clone_cache(cache)], *(x[0] for x in inputs), outs[0].clone()))
 
 
 @pytest.mark.cuda
