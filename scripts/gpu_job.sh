@@ -127,7 +127,8 @@ for step in $STEPS; do
              kargs=VBENCH_ARGS_$kind  # (VBENCH_ARGS_mamba2, ..._gdnspec: one kind's arguments, else VBENCH_ARGS)
              LOGDIR=/tmp/var run "${kind}_$name" python3 bench/$script --tune ${!kargs:-${VBENCH_ARGS:-}} --out "$OUT/${kind}_$name.json"
              # (the entries that beat their default, bench/tune_leads.py: the leads are in the call's output)
-             [ -f "$OUT/${kind}_$name.json" ] && { echo "=== leads ${kind}_$name"; python3 bench/tune_leads.py "$OUT/${kind}_$name.json" | tail -n 20; } ;;
+             [ -f "$OUT/${kind}_$name.json" ] && { echo "=== leads ${kind}_$name"; python3 bench/tune_leads.py "$OUT/${kind}_$name.json" | tail -n 20
+               echo "=== targets ${kind}_$name"; python3 bench/targets.py "$OUT/${kind}_$name.json" | cut -d'|' -f2-5 | tail -n +3; } ;;
         esac
         unset PYTHONPATH; cd - > /dev/null
       done ;;
