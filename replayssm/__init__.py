@@ -7,13 +7,14 @@ import torch
 from . import _C  # noqa: F401  (registers torch.ops.replayssm.*)
 from . import ops
 from .cache import ConvCache, GdnReplayCache, Mamba2ReplayCache
-from .ops import (PAD_SLOT, causal_conv1d_commit, causal_conv1d_verify, gdn_replay_state, gdn_replay_step,
-                  gdn_replay_verify, gdn_step, mamba2_replay_commit, mamba2_replay_state, mamba2_replay_step, mamba2_replay_verify,
-                  mamba2_step)
+from .ops import (PAD_SLOT, causal_conv1d_commit, causal_conv1d_verify, gdn_materialize, gdn_replay_commit,
+                  gdn_replay_state, gdn_replay_step, gdn_replay_verify, gdn_step, mamba2_materialize, mamba2_replay_commit,
+                  mamba2_replay_state, mamba2_replay_step, mamba2_replay_verify, mamba2_step)
 
-__all__ = ["PAD_SLOT", "ConvCache", "GdnReplayCache", "Mamba2ReplayCache", "gdn_replay_state", "gdn_replay_step",
-           "gdn_replay_verify", "gdn_step", "causal_conv1d_commit", "causal_conv1d_verify", "mamba2_replay_commit", "mamba2_replay_state", "mamba2_replay_step",
-           "mamba2_replay_verify", "mamba2_step", "ops"]
+__all__ = ["PAD_SLOT", "ConvCache", "GdnReplayCache", "Mamba2ReplayCache", "causal_conv1d_commit", "causal_conv1d_verify",
+           "gdn_materialize", "gdn_replay_commit", "gdn_replay_state", "gdn_replay_step", "gdn_replay_verify", "gdn_step",
+           "mamba2_materialize", "mamba2_replay_commit", "mamba2_replay_state", "mamba2_replay_step", "mamba2_replay_verify",
+           "mamba2_step", "ops"]
 
 
 def cuda_built() -> bool:

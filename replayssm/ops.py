@@ -237,6 +237,29 @@ def gdn_replay_state(cache: GdnReplayCache, slot_ids, positions=None, out=None):
     return out
 
 
+# The issues' names for three of the ops above (issue 3: mamba2_materialize; issue 4: gdn_replay_commit,
+# gdn_materialize). A commit only moves cursors, so one op serves both layer kinds' caches; a materialisation is a
+# state read at a committed position into a buffer of the caller's.
+def mamba2_materialize(cache: Mamba2ReplayCache, A: torch.Tensor, slot_ids: torch.Tensor,
+                       positions: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The fp32 state of each slot at its cursor or at committed ``positions`` written into ``out`` (b, H, P, N):
+    for prefix caching, for handing a sequence to an engine that keeps full states (``pool[dst] = out``), for
+    debugging. The same as :func:`mamba2_replay_state`."""
+    return mamba2_replay_state(cache, A, slot_ids, positions, out)
+
+
+def gdn_replay_commit(cache: GdnReplayCache, slot_ids: torch.Tensor, accepted: torch.Tensor) -> None:
+    """Accept the first ``accepted[b]`` tokens of the last :func:`gdn_replay_verify` of each row (the cursor moves;
+    device-side, graph-safe). The same op as :func:`mamba2_replay_commit`."""
+    mamba2_replay_commit(cache, slot_ids, accepted)
+
+
+def gdn_materialize(cache: GdnReplayCache, slot_ids, positions=None, out=None):
+    """The fp32 state (b, HV, V, K) of each slot at its cursor or at committed ``positions`` written into ``out``.
+    The same as :func:`gdn_replay_state`."""
+    return gdn_replay_state(cache, slot_ids, positions, out)
+
+
 def stochastic_round(x: torch.Tensor, seed: int, fold: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """x (fp32) rounded to bf16/fp16 up or down at random, unbiased, with the same Philox stream as the folds
     of a slot with this seed at this fold count (element i of the flattened tensor uses counter i)."""

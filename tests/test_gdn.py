@@ -268,9 +268,10 @@ VERIFY_CASES = [pytest.param("cpu", "", id="cpu")] + [
 
 @pytest.mark.parametrize("device, tune", VERIFY_CASES)
 def test_verify_commit_property_over_many_steps(device, tune, monkeypatch):
-    """Random windows and accepted counts with early folds: every tentative output and every committed state
-    equals the float64 delta rule over the accepted tokens; the checkpoint is written only when a window did
-    not fit. On CUDA also with a key head's rows split over blocks in other ways (REPLAYSSM_TUNE)."""
+    """Random windows and accepted counts with early folds: every tentative output, every committed state and the
+    state at a random committed position since the last fold (gdn_materialize) equal the float64 delta rule over the
+    accepted tokens; the checkpoint is written only when a window did not fit. On CUDA also with a key head's rows
+    split over blocks in other ways (REPLAYSSM_TUNE)."""
     monkeypatch.setenv("REPLAYSSM_TUNE", tune)
     verify_property(device, HV=4, H=2, K=16, V=8, history=4, T=3, steps=60)
 
@@ -292,6 +293,7 @@ def verify_property(device, HV, H, K, V, history, T, steps):
     cache.reset(slots.to(device), init.to(device))
     ref = {s: init[b].double() for b, s in enumerate(slots.tolist())}
     cursor = {s: 0 for s in slots.tolist()}
+    since_fold = {s: [ref[s]] for s in slots.tolist()}  # the reference state at each committed position
     folds = 0
     for step in range(steps):
         ids = slots.to(device, torch.int32)
@@ -308,7 +310,8 @@ def verify_property(device, HV, H, K, V, history, T, steps):
             fold = cursor[s] + nb > L
             assert torch.equal(cache.checkpoint[s], before[s]) != fold
             folds += fold
-            cursor[s] = 0 if fold else cursor[s]
+            if fold:
+                cursor[s], since_fold[s] = 0, [ref[s]]
             state, states = ref[s][None], []
             for t in range(nb):
                 o, state = layer.reference_step(state, {k: v[b:b + 1, t] for k, v in tok.items()})
@@ -317,10 +320,16 @@ def verify_property(device, HV, H, K, V, history, T, steps):
             n_acc = torch.randint(1, nb + 1, (), generator=gen).item()
             accepted[b] = n_acc
             ref[s] = states[n_acc - 1]
+            since_fold[s] += states[:n_acc]
             cursor[s] += n_acc
-        replayssm.mamba2_replay_commit(cache, ids, accepted.to(device))
+        replayssm.gdn_replay_commit(cache, ids, accepted.to(device))
+        assert cache.cursor.cpu()[slots].tolist() == [cursor[s] for s in slots.tolist()]
         got = replayssm.gdn_replay_state(cache, ids)
         assert rel_err(got, torch.stack([ref[s] for s in slots.tolist()])) < tolerance(torch.float32, torch.float32)
+        pos = [torch.randint(0, cursor[s] + 1, (), generator=gen).item() for s in slots.tolist()]
+        got = replayssm.gdn_materialize(cache, ids, positions=torch.tensor(pos, dtype=torch.int32, device=device))
+        want = torch.stack([since_fold[s][p] for s, p in zip(slots.tolist(), pos)])
+        assert rel_err(got, want) < tolerance(torch.float32, torch.float32), (step, pos)
     assert folds > steps // 12  # (each row folds about one step in five here: ~10 folds in 16 steps of 3 rows)
 
 

@@ -154,7 +154,7 @@ def verify_property(device, H, P, N, G, history, T, steps, act_dtype=torch.float
             assert rel_err(got, want) < TOL
             pos = torch.tensor([torch.randint(0, cursor[s] + 1, (), generator=gen).item() for s in sl.tolist()],
                                dtype=torch.int32)
-            got = replayssm.mamba2_replay_state(cache, layer.A, sl.to(device, torch.int32), positions=pos.to(device))
+            got = replayssm.mamba2_materialize(cache, layer.A, sl.to(device, torch.int32), positions=pos.to(device))
             want = torch.stack([since_fold[s][p] for s, p in zip(sl.tolist(), pos.tolist())])
             assert rel_err(got, want) < TOL
     assert folds > steps // 12
