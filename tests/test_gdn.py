@@ -497,6 +497,103 @@ def test_cuda_verify_on_a_strided_checkpoint_equals_the_contiguous_one(monkeypat
     assert torch.isnan(pool[:, :, V:]).all()
 
 
+def test_greedy_speculative_decoding_gives_the_tokens_of_plain_decoding(device):
+    """A toy language model around one GDN layer: greedy decoding with gdn_step, and speculative decoding (drafts from a
+    noisy copy of the greedy sequence, gdn_replay_verify, the matching prefix accepted, gdn_replay_commit) produce
+    exactly the same tokens, and speculation accepts several tokens a call."""
+    gen = make_gen()
+    HV, H, K, Vd, vocab, T, d = 4, 2, 16, 8, 23, 4, 24
+    layer = GdnLayer(HV, H, K, Vd, device, gen)
+    E = torch.randn(vocab, d, generator=gen).to(device)
+    W = {name: (torch.randn(d, n, generator=gen) / d**0.5).to(device)
+         for name, n in (("q", H * K), ("k", H * K), ("v", HV * Vd), ("a", HV), ("b", HV))}
+    W_out = torch.randn(HV * Vd, vocab, generator=gen).to(device)
+    shapes = {"q": (H, K), "k": (H, K), "v": (HV, Vd), "a": (HV,), "b": (HV,)}
+
+    def embed(tok_ids):  # (1, t) -> per-token inputs (1, t, ...)
+        u = E[tok_ids]
+        return {name: (u @ W[name]).view(1, tok_ids.shape[1], *shapes[name]) for name in W}
+
+    steps, start = 40, torch.tensor([[3]], device=device)
+    ids = torch.tensor([0], dtype=torch.int32, device=device)
+    kw = dict(A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids)
+    state = torch.zeros(1, HV, Vd, K, device=device)
+    plain, last = [], start
+    for _ in range(steps):
+        y = replayssm.gdn_step(state, **{k: v[:, 0] for k, v in embed(last).items()}, **kw)
+        last = (y.reshape(1, -1) @ W_out).argmax(-1, keepdim=True)
+        plain.append(last.item())
+
+    cache = GdnReplayCache.allocate(1, HV, H, K, Vd, ring_len=8 + T, device=device)
+    spec, last, calls = [], start, 0
+    while len(spec) < steps:
+        n = len(spec)  # drafts: the next greedy tokens, each replaced by a random one with probability 0.4
+        drafts = [plain[n + j] if n + j < steps and torch.rand((), generator=gen) > 0.4
+                  else torch.randint(0, vocab, (), generator=gen).item() for j in range(T - 1)]
+        y = replayssm.gdn_replay_verify(cache, **embed(torch.cat([last, torch.tensor([drafts], device=device)], 1)), **kw)
+        target = (y.reshape(1, T, -1) @ W_out).argmax(-1)[0].tolist()  # the greedy token after each window token
+        n_acc = 1
+        while n_acc < T and drafts[n_acc - 1] == target[n_acc - 1]:
+            n_acc += 1
+        replayssm.gdn_replay_commit(cache, ids, torch.tensor([n_acc], dtype=torch.int32, device=device))
+        spec += target[:n_acc]
+        calls += 1
+        last = torch.tensor([[spec[-1]]], device=device)
+    assert spec[:steps] == plain
+    assert calls < 0.75 * steps, calls  # (~2.2 tokens a call: ~18 calls; one a call would take 40)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_of_verify_and_commit_matches_eager():
+    """gdn_replay_verify + gdn_replay_commit captured once in a CUDA graph and replayed with new tokens, window sizes
+    and accepted counts each time (written into the captured tensors) give what eager launches give, bit for bit,
+    across early folds; a pad row stays untouched."""
+    gen = make_gen()
+    HV, H, K, V, T, L = 4, 2, 128, 128, 3, 8
+    layer = GdnLayer(HV, H, K, V, "cuda", gen)
+    num_slots, ids = 5, torch.tensor([3, PAD_SLOT, 0], dtype=torch.int32, device="cuda")
+    eager = GdnReplayCache.allocate(num_slots, HV, H, K, V, ring_len=L, device="cuda")
+    eager.checkpoint.copy_(torch.randn(eager.checkpoint.shape, generator=gen) * 0.3)
+    graphed = clone_cache(eager)
+    static = layer.token(3, torch.bfloat16, gen, T=T)
+    n_tok = torch.full((3,), T, dtype=torch.int32, device="cuda")
+    accepted = torch.ones(3, dtype=torch.int32, device="cuda")
+    out_graph = torch.full_like(static["v"], float("nan"))
+
+    def step(cache, tok, out):
+        replayssm.gdn_replay_verify(cache, **tok, A_log=layer.A_log, dt_bias=layer.dt_bias, slot_ids=ids, num_tokens=n_tok,
+                                    out=out)
+        replayssm.gdn_replay_commit(cache, ids, accepted)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (lazy initialisation) on a throwaway cache
+        step(clone_cache(eager), static, torch.empty_like(out_graph))
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(graphed, static, out_graph)
+    folds = 0
+    for _ in range(12):
+        tok = layer.token(3, torch.bfloat16, gen, T=T)
+        for k, v in tok.items():
+            static[k].copy_(v)
+        n_tok.copy_(torch.randint(1, T + 1, (3,), generator=gen, dtype=torch.int32))
+        accepted.copy_(torch.minimum(torch.randint(1, T + 1, (3,), generator=gen, dtype=torch.int32), n_tok.cpu()))
+        folds += int((eager.cursor[[3, 0]].cpu() + n_tok.cpu()[[0, 2]] > L).sum())
+        out_eager = torch.full_like(out_graph, float("nan"))
+        out_graph.fill_(float("nan"))
+        step(eager, tok, out_eager)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out_graph.nan_to_num(7.0), out_eager.nan_to_num(7.0))
+        for name in ("checkpoint", "ring_u", "ring_k", "ring_g", "cursor", "arrivals", "pending"):
+            assert torch.equal(getattr(graphed, name), getattr(eager, name)), name
+        assert torch.isnan(out_graph[1]).all()
+    assert folds > 0
+
+
 def test_opcheck_and_bad_inputs():
     gen = make_gen()
     HV, H, K, V = 4, 2, 8, 8
