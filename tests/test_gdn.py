@@ -594,6 +594,48 @@ def test_cuda_graph_of_verify_and_commit_matches_eager():
     assert folds > 0
 
 
+def test_torch_compile_fullgraph(device):
+    """gdn_replay_step, and gdn_replay_verify followed by commit, under torch.compile(fullgraph=True) give what eager
+    calls give on a twin cache, bit for bit, over more than a ring's worth of steps (folds included)."""
+    gen = make_gen()
+    HV, H, K, V, L, T = 4, 2, 16, 8, 4, 2
+    layer = GdnLayer(HV, H, K, V, device, gen)
+    cache = GdnReplayCache.allocate(3, HV, H, K, V, ring_len=L, device=device)
+    cache.checkpoint.copy_(torch.randn(cache.checkpoint.shape, generator=gen) * 0.3)
+    twin = clone_cache(cache)
+    ids = torch.tensor([2, 0], dtype=torch.int32, device=device)
+    tensors = lambda c: (c.checkpoint, c.ring_u, c.ring_k, c.ring_g, c.cursor, c.arrivals, c.pending, c.fold_phase)
+    scale = K**-0.5
+
+    def step(ck, ru, rk, rg, cur, arr, pending, phase, q, k, v, a, b, out):
+        torch.ops.replayssm.gdn_replay_step(ck, ru, rk, rg, cur, arr, q, k, v, a, b, layer.A_log, layer.dt_bias, True, scale,
+                                            ids, out, None, None, None, phase)
+        return out * 2
+
+    def verify(ck, ru, rk, rg, cur, arr, pending, phase, q, k, v, a, b, out, accepted):
+        torch.ops.replayssm.gdn_replay_verify(ck, ru, rk, rg, cur, q, k, v, a, b, layer.A_log, layer.dt_bias, True, scale,
+                                              ids, None, out, pending, arr, None, None, None)
+        torch.ops.replayssm.mamba2_replay_commit(cur, L, ids, accepted, pending)
+        return out * 2
+
+    compiled_step = torch.compile(step, fullgraph=True, dynamic=False)
+    for _ in range(L + 2):
+        tok = layer.token(2, torch.float32, gen)
+        got = compiled_step(*tensors(cache), *tok.values(), torch.empty_like(tok["v"]))
+        want = step(*tensors(twin), *tok.values(), torch.empty_like(tok["v"]))
+        assert torch.equal(got, want)
+    compiled_verify = torch.compile(verify, fullgraph=True, dynamic=False)
+    accepted = torch.ones(2, dtype=torch.int32, device=device)
+    for _ in range(L + 2):
+        tok = layer.token(2, torch.float32, gen, T=T)
+        got = compiled_verify(*tensors(cache), *tok.values(), torch.empty_like(tok["v"]), accepted)
+        want = verify(*tensors(twin), *tok.values(), torch.empty_like(tok["v"]), accepted)
+        assert torch.equal(got, want)
+    for name, a in vars(cache).items():
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, getattr(twin, name)), name
+
+
 def test_opcheck_and_bad_inputs():
     gen = make_gen()
     HV, H, K, V = 4, 2, 8, 8
