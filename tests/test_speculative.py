@@ -215,6 +215,74 @@ def test_greedy_speculative_decoding_gives_the_tokens_of_plain_decoding(device):
     assert calls < 0.75 * steps, calls
 
 
+def test_greedy_speculative_decoding_of_a_two_layer_stack_with_convs(device):
+    """Two Mamba-2 blocks (in-projection, a width-4 causal convolution with SiLU over x, B and C, the SSM, the
+    out-projection and a residual) under a toy language model: greedy decoding with the standard step and a plain
+    convolution in PyTorch, and speculative decoding with causal_conv1d_verify, mamba2_replay_verify and both commits,
+    produce exactly the same tokens: the conv state rolls back with the ring, so a rejected draft reaches neither, in
+    either layer."""
+    gen = make_gen()
+    H, P, N, G, vocab, T, W, d, layers, steps = 4, 8, 16, 2, 23, 4, 4, 32, 2, 40
+    dim = H * P + 2 * G * N
+    E = torch.randn(vocab, d, generator=gen).to(device)
+    rnd = lambda *shape, scale: (torch.randn(*shape, generator=gen) * scale).to(device)
+    blocks = [dict(layer=Layer(H, P, G, N, device, gen, with_z=False), W_in=rnd(d, dim, scale=d**-0.5),
+                   W_dt=rnd(d, H, scale=d**-0.5), conv_w=rnd(dim, W, scale=W**-0.5), conv_b=rnd(dim, scale=0.1),
+                   W_o=rnd(H * P, d, scale=(H * P)**-0.5)) for _ in range(layers)]
+    W_out = rnd(d, vocab, scale=1.0)
+    ids = torch.tensor([0], dtype=torch.int32, device=device)
+
+    def split(xbc):  # (..., dim) -> x (..., H, P), B and C (..., G, N)
+        x, B, C = xbc.split([H * P, G * N, G * N], -1)
+        return (x.unflatten(-1, (H, P)).contiguous(), B.unflatten(-1, (G, N)).contiguous(),
+                C.unflatten(-1, (G, N)).contiguous())
+
+    states = [torch.zeros(1, H, P, N, device=device) for _ in range(layers)]
+    convs = [torch.zeros(dim, W - 1, device=device) for _ in range(layers)]  # the last W - 1 inputs, oldest first
+    plain, last = [], 3
+    for _ in range(steps):
+        h = E[[last]]  # (1, d)
+        for i, blk in enumerate(blocks):
+            seq = torch.cat([convs[i], (h @ blk["W_in"]).T], 1)
+            convs[i] = seq[:, 1:]
+            x, B, C = split(torch.nn.functional.silu((seq * blk["conv_w"]).sum(1) + blk["conv_b"])[None])
+            y = replayssm.mamba2_step(states[i], x, h @ blk["W_dt"], blk["layer"].A, B, C, slot_ids=ids,
+                                      **blk["layer"].kwargs())
+            h = h + y.reshape(1, -1) @ blk["W_o"]
+        last = (h @ W_out).argmax(-1).item()
+        plain.append(last)
+
+    caches = [Mamba2ReplayCache.allocate(1, H, P, G, N, ring_len=8 + T, act_dtype=torch.float32, device=device)
+              for _ in range(layers)]
+    conv_caches = [replayssm.ConvCache.allocate(1, dim, width=W, window=T, dtype=torch.float32, device=device)
+                   for _ in range(layers)]
+    spec, last, calls = [], 3, 0
+    while len(spec) < steps:
+        n = len(spec)  # drafts: the next greedy tokens, each replaced by a random one with probability 0.4
+        drafts = [plain[n + j] if n + j < steps and torch.rand((), generator=gen) > 0.4
+                  else torch.randint(0, vocab, (), generator=gen).item() for j in range(T - 1)]
+        h = E[torch.tensor([[last] + drafts], device=device)]  # (1, T, d)
+        for i, blk in enumerate(blocks):
+            x, B, C = split(replayssm.causal_conv1d_verify(conv_caches[i], h @ blk["W_in"], blk["conv_w"], blk["conv_b"],
+                                                           slot_ids=ids))
+            y = replayssm.mamba2_replay_verify(caches[i], x, h @ blk["W_dt"], blk["layer"].A, B, C, slot_ids=ids,
+                                               **blk["layer"].kwargs())
+            h = h + y.reshape(1, T, -1) @ blk["W_o"]
+        target = (h @ W_out).argmax(-1)[0].tolist()  # the greedy token after each window token
+        n_acc = 1
+        while n_acc < T and drafts[n_acc - 1] == target[n_acc - 1]:
+            n_acc += 1
+        accepted = torch.tensor([n_acc], dtype=torch.int32, device=device)
+        for i in range(layers):
+            replayssm.mamba2_replay_commit(caches[i], ids, accepted)
+            replayssm.causal_conv1d_commit(conv_caches[i], ids, accepted)
+        spec += target[:n_acc]
+        calls += 1
+        last = spec[-1]
+    assert spec[:steps] == plain
+    assert calls < 0.75 * steps, calls  # (several tokens a call: ~18 calls for 40 tokens)
+
+
 def test_conv_state_rolls_back_with_the_accepted_count(device):
     """Over many verify/commit steps with random windows and accepted counts, the conv outputs equal the
     sequential convolution over the accepted history followed by the window, and after each commit the conv
