@@ -38,6 +38,7 @@ def test_stochastic_round_is_unbiased_and_reproducible(dtype):
     assert torch.equal(again, draws[3].to(dtype))
     other = replayssm.ops.stochastic_round(x, seed=8, fold=3, dtype=dtype)
     assert (other != again).any()
+    torch.library.opcheck(torch.ops.replayssm.stochastic_round.default, (x, 7, 3, dtype))  # (schema, fake, dispatch)
 
 
 def run(cache, layer, steps, gen_seed):
