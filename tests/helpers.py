@@ -165,3 +165,43 @@ def assert_kernel_ran(monkeypatch, tune, kernel, launch):
     if not ran and not any(e.device_type == torch.autograd.DeviceType.CUDA for e in events):
         pytest.skip("the CUDA profiler recorded no kernel, so which kernel ran cannot be checked here")
     assert ran, [e.key for e in events]
+
+
+def assert_verify_graph_matches_eager(step, eager, new_tokens, fields, T, L, gen, rounds=12):
+    """verify + commit, step(cache, tokens, out) over rows [slot 3, pad, slot 0] of `eager`, captured once in a CUDA
+    graph on a copy of the cache and replayed `rounds` times with new tokens (new_tokens() -> dict of (3, T, ...)), token
+    counts and accepted counts written into the captured tensors, gives what eager launches give, bit for bit (the
+    outputs and the cache's `fields`), across early folds; the pad row's outputs stay untouched. step reads the counts
+    from its own `n_tok` and `accepted` arguments: step(cache, tokens, out, n_tok, accepted)."""
+    graphed = clone_cache(eager)
+    static = new_tokens()
+    first = next(iter(static.values()))
+    n_tok = torch.full((3,), T, dtype=torch.int32, device=first.device)
+    accepted = torch.ones(3, dtype=torch.int32, device=first.device)
+    out_graph = torch.full_like(static["x" if "x" in static else "v"], float("nan"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (lazy initialisation) on a throwaway cache
+        step(clone_cache(eager), static, torch.empty_like(out_graph), n_tok, accepted)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(graphed, static, out_graph, n_tok, accepted)
+    folds = 0
+    for _ in range(rounds):
+        tok = new_tokens()
+        for k, v in tok.items():
+            static[k].copy_(v)
+        n_tok.copy_(torch.randint(1, T + 1, (3,), generator=gen, dtype=torch.int32))
+        accepted.copy_(torch.minimum(torch.randint(1, T + 1, (3,), generator=gen, dtype=torch.int32), n_tok.cpu()))
+        folds += int((eager.cursor[[3, 0]].cpu() + n_tok.cpu()[[0, 2]] > L).sum())
+        out_eager = torch.full_like(out_graph, float("nan"))
+        out_graph.fill_(float("nan"))
+        step(eager, tok, out_eager, n_tok, accepted)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out_graph.nan_to_num(7.0), out_eager.nan_to_num(7.0))
+        for name in fields:
+            assert torch.equal(getattr(graphed, name), getattr(eager, name)), name
+        assert torch.isnan(out_graph[1]).all()
+    assert folds > 0
