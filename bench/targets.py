@@ -90,7 +90,7 @@ def targets(doc):
             for mine in ("standard_us", "replay_us"):
                 if mine in row:
                     out.append((2, f"{kind}: {mine[:-3]} faster than {name}, batch {batch}",
-                                f"{row[mine]:.2f} against {row[key]:.2f} us", row[mine] < row[key]))
+                                f"{row[mine]:.3f} against {row[key]:.3f} us", row[mine] < row[key]))
     elif kind == "verify":
         issue = 4 if doc.get("layer") == "gdn" else 3
         for row in doc["rows"]:
