@@ -656,6 +656,30 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         }
     }
   };
+  // A folding row (the staged loop and the general one below): its output and u from this lane's partial products
+  // (two chains each, decayed), the ring's part added across the row's lanes; then the row's new state in s,
+  // S_t = alpha (exp(G_w) S_c + sum_j weight_j u_j k_j^T) + u_t k_t^T (the pair loop's arithmetic: the same bits).
+  auto fold_output = [&](const float (&pk)[2], const float (&pq)[2], float dcy, const float* wh, int hl, int rl, const RowPos& q,
+                         bool valid) {
+    float Sk = (pk[0] + pk[1]) * dcy, Sq = (pq[0] + pq[1]) * dcy;
+    for (int j = lane_in_row; j < w; j += kLanes) {
+      const float wu = wh[j] * ru[j * ts + rl];
+      Sk = fmaf(wu, kk[j], Sk), Sq = fmaf(wu, kq[j], Sq);
+    }
+    Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
+    const float alpha = al[hl];
+    const float u = bt[hl] * (to_float(vt[rl]) - alpha * Sk);
+    if (valid && lane_in_row == 0) out[q.hl * p.out_head_stride + q.i] = from_float<act_t>(alpha * Sq + u * kq_t);
+    return u;
+  };
+  auto fold_row = [&](float (&s)[kCols], float dcy, const float* wh, int rl, float alpha, float u) {
+#pragma unroll
+    for (int col = 0; col < kCols; ++col) s[col] *= dcy;
+#pragma unroll 1
+    for (int j = 0; j < w; ++j) Layout::axpy_tile(wh[j] * ru[j * ts + rl], rk + j * kK, lane_in_row, s);
+#pragma unroll
+    for (int col = 0; col < kCols; ++col) s[col] = fmaf(alpha, s[col], u * kv[col]);
+  };
   // A folding step of an fp32 checkpoint in a kFoldPair kernel (REPLAYSSM_TUNE fold_pair, the launcher): two row
   // iterations per trip, so that each float4 of the ring-k tile the rank-w update reads serves two rows (4 shared
   // wavefronts per row and entry before). ncu, H200, batch 256, every row folding (bench/NOTES.md, session 15): 351
@@ -753,22 +777,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           pk[col % 2] = fmaf(sv, kv[col], pk[col % 2]), pq[col % 2] = fmaf(sv, qv[col], pq[col % 2]);
         }
         const float dcy = decay[hl];
-        float Sk = (pk[0] + pk[1]) * dcy, Sq = (pq[0] + pq[1]) * dcy;
         const float* wh = weight + hl * L;
-        for (int j = lane_in_row; j < w; j += kLanes) {
-          const float wu = wh[j] * ru[j * ts + rl];
-          Sk = fmaf(wu, kk[j], Sk), Sq = fmaf(wu, kq[j], Sq);
-        }
-        Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
-        const float alpha = al[hl];
-        const float u = bt[hl] * (to_float(vt[rl]) - alpha * Sk);
-        if (valid && lane_in_row == 0) out[q.hl * p.out_head_stride + q.i] = from_float<act_t>(alpha * Sq + u * kq_t);
-#pragma unroll
-        for (int col = 0; col < kCols; ++col) s[col] *= dcy;
-#pragma unroll 1
-        for (int j = 0; j < w; ++j) Layout::axpy_tile(wh[j] * ru[j * ts + rl], rk + j * kK, lane_in_row, s);
-#pragma unroll
-        for (int col = 0; col < kCols; ++col) s[col] = fmaf(alpha, s[col], u * kv[col]);
+        const float u = fold_output(pk, pq, dcy, wh, hl, rl, q, valid);
+        fold_row(s, dcy, wh, rl, al[hl], u);
         if (valid) Layout::store_master_and_view(master_row(q), src_row(q), lane_in_row, s);
       }
     }
@@ -792,10 +803,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   #pragma unroll
       for (int col = 0; col < kCols; ++col) pk[col % 2] = fmaf(s[col], kv[col], pk[col % 2]), pq[col % 2] = fmaf(s[col], qv[col], pq[col % 2]);
       const float dcy = decay[hl];
-      float Sk = (pk[0] + pk[1]) * dcy, Sq = (pq[0] + pq[1]) * dcy;
       const float* wh = weight + hl * L;
       if (!fold) {
-        Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
+        const float Sk = group_sum<kLanes>((pk[0] + pk[1]) * dcy), Sq = group_sum<kLanes>((pq[0] + pq[1]) * dcy);
         const int k = it % kLanes;
         if (k == lane_in_row) sk_pend = Sk, sq_pend = Sq, pend = valid ? q.hl << 16 | q.i : -1;
         if (k == kLanes - 1 || it == n_iter - 1) {  // lanes past the last iteration hold nothing (pend -1)
@@ -817,54 +827,40 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         }
         continue;
       }
-      for (int j = lane_in_row; j < w; j += kLanes) {
-        const float wu = wh[j] * ru[j * ts + rl];
-        Sk = fmaf(wu, kk[j], Sk), Sq = fmaf(wu, kq[j], Sq);
+      const float u = fold_output(pk, pq, dcy, wh, hl, rl, q, valid);
+      if constexpr (kView) {  // this lane's columns of the fp32 master row (the view served S k and S q), then the next
+  #pragma unroll
+        for (int col = 0; col < kCols; ++col) s[col] = mnext[col];
+        if (it + 1 < n_iter) load_master(pos);
       }
-      Sk = group_sum<kLanes>(Sk), Sq = group_sum<kLanes>(Sq);
-      const float alpha = al[hl];
-      const float u = bt[hl] * (to_float(vt[rl]) - alpha * Sk);
-      if (valid && lane_in_row == 0) out[q.hl * p.out_head_stride + q.i] = from_float<act_t>(alpha * Sq + u * kq_t);
-      if (fold) {  // S_t = alpha (exp(G_w) S_c + sum_j weight_j u_j k_j^T) + u_t k_t^T
-        if constexpr (kView) {  // this lane's columns of the fp32 master row (the view served S k and S q), then the next
+      fold_row(s, dcy, wh, rl, al[hl], u);
+      if (valid) {
+        if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
+          Layout::store_master_and_view(master_row(q), src_row(q), lane_in_row, s);
+        } else {
+          bool rounded = false;
+          if constexpr (kNarrow) {
+            if (c.sr_seed != nullptr) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count, the element
+              const uint64_t seed = uint64_t(c.sr_seed[slot]);
+              // Element (hv, r, n) is counter (hv V + r) K + n, as on the CPU. The row's first column of this lane is made
+              // opaque so that the compiler forms each column's counter here rather than keeping 32 of them live
+              // across the row loop (it spilled them); a vector is rounded and stored before the next one.
+              int64_t index0 = (int64_t(hv0 + q.hl) * V + q.i) * kK + Layout::col(lane_in_row, 0, 0);
+              asm volatile("" : "+l"(index0));
+              ckpt_t* row = ckpt_row(q);
   #pragma unroll
-          for (int col = 0; col < kCols; ++col) s[col] = mnext[col];
-          if (it + 1 < n_iter) load_master(pos);
-        }
+              for (int v = 0; v < kVecs; ++v) {
+                float r[Layout::kVec];
   #pragma unroll
-        for (int col = 0; col < kCols; ++col) s[col] *= dcy;
-  #pragma unroll 1
-        for (int j = 0; j < w; ++j) Layout::axpy_tile(wh[j] * ru[j * ts + rl], rk + j * kK, lane_in_row, s);
-  #pragma unroll
-        for (int col = 0; col < kCols; ++col) s[col] = fmaf(alpha, s[col], u * kv[col]);  // (the pair loop's, above, the same)
-        if (valid) {
-          if constexpr (kView) {  // the fp32 master and its bf16 view (rounded to nearest) of the same values
-            Layout::store_master_and_view(master_row(q), src_row(q), lane_in_row, s);
-          } else {
-            bool rounded = false;
-            if constexpr (kNarrow) {
-              if (c.sr_seed != nullptr) {  // stochastic rounding: Philox keyed by the slot's seed, its fold count, the element
-                const uint64_t seed = uint64_t(c.sr_seed[slot]);
-                // Element (hv, r, n) is counter (hv V + r) K + n, as on the CPU. The row's first column of this lane is made
-                // opaque so that the compiler forms each column's counter here rather than keeping 32 of them live
-                // across the row loop (it spilled them); a vector is rounded and stored before the next one.
-                int64_t index0 = (int64_t(hv0 + q.hl) * V + q.i) * kK + Layout::col(lane_in_row, 0, 0);
-                asm volatile("" : "+l"(index0));
-                ckpt_t* row = ckpt_row(q);
-  #pragma unroll
-                for (int v = 0; v < kVecs; ++v) {
-                  float r[Layout::kVec];
-  #pragma unroll
-                  for (int e = 0; e < Layout::kVec; ++e)
-                    r[e] = stochastic_round_to(kCkptDType, s[v * Layout::kVec + e],
-                                               fold_random(seed, fold_no, uint64_t(index0 + (Layout::col(0, v, e) - Layout::col(0, 0, 0)))));
-                  store16_stream(row + Layout::col(lane_in_row, v, 0), r);
-                }
-                rounded = true;
+                for (int e = 0; e < Layout::kVec; ++e)
+                  r[e] = stochastic_round_to(kCkptDType, s[v * Layout::kVec + e],
+                                             fold_random(seed, fold_no, uint64_t(index0 + (Layout::col(0, v, e) - Layout::col(0, 0, 0)))));
+                store16_stream(row + Layout::col(lane_in_row, v, 0), r);
               }
+              rounded = true;
             }
-            if (!rounded) Layout::store_row(ckpt_row(q), lane_in_row, s);
           }
+          if (!rounded) Layout::store_row(ckpt_row(q), lane_in_row, s);
         }
       }
     }
