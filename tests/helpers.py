@@ -1,7 +1,9 @@
 """Random inputs as trained Mamba-2 layers see them, error measures with dtype-keyed tolerances, and a decoding
 loop run eagerly or in a CUDA graph."""
 import dataclasses
+import importlib.util
 import math
+import os
 
 import pytest
 import torch
@@ -91,6 +93,29 @@ def token_inputs(layer, batch, act_dtype, gen, tokens, keys):
     return [torch.stack([tk[k] for tk in toks]) for k in keys]
 
 
+def capture_graph(warm_up, body):
+    """A CUDA graph of body()'s launches, after warm_up() (the same launches on throwaway copies: lazy initialisation)
+    on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        warm_up()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph
+
+
+def load_script(*path):
+    """A Python file of the repository (e.g. "bench", "targets.py") loaded as a module, for the tests of scripts."""
+    full = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), *path)
+    spec = importlib.util.spec_from_file_location(os.path.splitext(path[-1])[0], full)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def run_chain(monkeypatch, env, one_token, pools, inputs, outs, graph):
     """Decodes outs.shape[0] tokens with one_token(pools, *inputs_t, out_t) (inputs: tensors with a leading token axis;
     pools: state tensors or caches, which it updates), with the environment variables `env` set. With `graph`, one
@@ -107,14 +132,7 @@ def run_chain(monkeypatch, env, one_token, pools, inputs, outs, graph):
             one_token(pools, *(x[t] for x in inputs), outs[t])
     else:
         static, out = [x[0].clone() for x in inputs], outs[0].clone()  # (rows never written, e.g. pads, keep outs' fill)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            one_token([clone(p) for p in pools], *static, out)
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            one_token(pools, *static, out)
+        g = capture_graph(lambda: one_token([clone(p) for p in pools], *static, out), lambda: one_token(pools, *static, out))
         for t in range(outs.shape[0]):
             for dst, x in zip(static, inputs):
                 dst.copy_(x[t])
@@ -167,26 +185,21 @@ def assert_kernel_ran(monkeypatch, tune, kernel, launch):
     assert ran, [e.key for e in events]
 
 
-def assert_verify_graph_matches_eager(step, eager, new_tokens, fields, T, L, gen, rounds=12):
+def assert_verify_graph_matches_eager(step, eager, new_tokens, out_key, fields, T, L, gen, rounds=12):
     """verify + commit, step(cache, tokens, out) over rows [slot 3, pad, slot 0] of `eager`, captured once in a CUDA
     graph on a copy of the cache and replayed `rounds` times with new tokens (new_tokens() -> dict of (3, T, ...)), token
     counts and accepted counts written into the captured tensors, gives what eager launches give, bit for bit (the
-    outputs and the cache's `fields`), across early folds; the pad row's outputs stay untouched. step reads the counts
-    from its own `n_tok` and `accepted` arguments: step(cache, tokens, out, n_tok, accepted)."""
+    outputs, shaped as tokens[out_key], and the cache's `fields`), across early folds; the pad row's outputs stay
+    untouched. step reads the counts from its own `n_tok` and `accepted` arguments: step(cache, tokens, out, n_tok,
+    accepted)."""
     graphed = clone_cache(eager)
     static = new_tokens()
     first = next(iter(static.values()))
     n_tok = torch.full((3,), T, dtype=torch.int32, device=first.device)
     accepted = torch.ones(3, dtype=torch.int32, device=first.device)
-    out_graph = torch.full_like(static["x" if "x" in static else "v"], float("nan"))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (lazy initialisation) on a throwaway cache
-        step(clone_cache(eager), static, torch.empty_like(out_graph), n_tok, accepted)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step(graphed, static, out_graph, n_tok, accepted)
+    out_graph = torch.full_like(static[out_key], float("nan"))
+    graph = capture_graph(lambda: step(clone_cache(eager), static, torch.empty_like(out_graph), n_tok, accepted),
+                          lambda: step(graphed, static, out_graph, n_tok, accepted))
     folds = 0
     for _ in range(rounds):
         tok = new_tokens()

@@ -1,24 +1,15 @@
 """The accuracy study's decay draws (bench/accuracy/accuracy.py, --decays): what each claims to draw."""
-import importlib.util
 import math
-import os
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def load_study():
-    spec = importlib.util.spec_from_file_location("accuracy_study", os.path.join(HERE, "..", "bench", "accuracy", "accuracy.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from helpers import load_script
 
 
 def test_trained_draw_gives_most_decays_near_one_and_a_few_fast_heads():
     """--decays trained: |A| softplus(dt_bias) (the per-token decay rate at a zero dt input) is in [1e-4, 1e-2] for about 7
     heads in 8 and in [0.1, 1] for the rest, whatever |A| is; --decays init spreads the rates over [1e-3, 1.6]."""
-    study = load_study()
+    study = load_script("bench", "accuracy", "accuracy.py")
     n = 20000
     gen = torch.Generator().manual_seed(torch.randint(0, 2**31 - 1, ()).item())
     A_abs = torch.exp(torch.empty(n).uniform_(0.0, math.log(16.0), generator=gen))

@@ -562,7 +562,7 @@ def test_cuda_graph_of_verify_and_commit_matches_eager():
                                     out=out)
         replayssm.gdn_replay_commit(cache, ids, accepted)
 
-    assert_verify_graph_matches_eager(step, eager, lambda: layer.token(3, torch.bfloat16, gen, T=T),
+    assert_verify_graph_matches_eager(step, eager, lambda: layer.token(3, torch.bfloat16, gen, T=T), "v",
                                       ("checkpoint", "ring_u", "ring_k", "ring_g", "cursor", "arrivals", "pending"), T, L, gen)
 
 

@@ -374,7 +374,7 @@ def test_cuda_graph_of_verify_and_commit_matches_eager():
                                        num_tokens=n_tok, out=out, **layer.kwargs())
         replayssm.mamba2_replay_commit(cache, ids, accepted)
 
-    assert_verify_graph_matches_eager(step, eager, lambda: {k: v.cuda() for k, v in tokens(layer, 3, T, gen).items()},
+    assert_verify_graph_matches_eager(step, eager, lambda: {k: v.cuda() for k, v in tokens(layer, 3, T, gen).items()}, "x",
                                       ("checkpoint", "ring_x", "ring_B", "ring_dt", "cursor", "arrivals", "pending"), T, L, gen)
 
 

@@ -1,22 +1,16 @@
 """bench/targets.py reads the issues' targets out of the benchmarks' JSONs: each bound on the right side, rows it has
 no batch for left out, the file's kind told by its contents (CPU; the benchmarks' JSON layout)."""
-import importlib.util
 import json
 import os
 import random
 
+from helpers import load_script
+
 HERE = os.path.dirname(__file__)
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("targets", os.path.join(HERE, "..", "bench", "targets.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_decode_targets_are_judged_against_their_bounds():
-    mod = load()
+    mod = load_script("bench", "targets.py")
     rng = random.Random()
     under, over = rng.uniform(1.0, 1.74), rng.uniform(1.76, 2.5)
     doc = {"environment": {"device": "NVIDIA H200", "commit": "abc1234"}, "rows": [
@@ -38,7 +32,7 @@ def test_decode_targets_are_judged_against_their_bounds():
 
 
 def test_verify_and_ncu_targets():
-    mod = load()
+    mod = load_script("bench", "targets.py")
     rows = [{"batch": 256, "T": 4, "rate": r, "ring_len": 16, "verify_us": 1.0, "speedup": s, "verify_over_replay_step": v}
             for r, s, v in ((0.5, 4.2, 1.29), (1.0, 3.9, 1.31))] + [
            {"batch": 128, "T": 4, "rate": 0.5, "verify_us": 1.0, "speedup": 9.0, "verify_over_replay_step": 9.0}]
@@ -50,7 +44,7 @@ def test_verify_and_ncu_targets():
 
 
 def test_a_committed_h200_run():
-    mod = load()
+    mod = load_script("bench", "targets.py")
     path = os.path.join(HERE, "..", "bench", "results", "session32", "mamba2_tune_call2_h200.json")
     with open(path) as f:
         got = {what: (value, ok) for _, what, value, ok in mod.targets(json.load(f))}

@@ -1,21 +1,12 @@
 """bench/tune_leads.py reports the tune entries that beat their default beyond the threshold and the noise, and no
 others (CPU; the benchmarks' JSON layout)."""
-import importlib.util
-import os
 import random
 
-HERE = os.path.dirname(__file__)
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("tune_leads", os.path.join(HERE, "..", "bench", "tune_leads.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from helpers import load_script
 
 
 def test_leads_are_the_entries_faster_than_default_beyond_threshold_and_spread():
-    mod = load()
+    mod = load_script("bench", "tune_leads.py")
     rng = random.Random()
     base = rng.uniform(5.0, 500.0)
     doc = {"rows": [{
