@@ -51,6 +51,10 @@ def met(value, bound, sense):
     return value >= bound if sense == "min" else value <= bound
 
 
+def sign(sense):
+    return ">=" if sense == "min" else "<="
+
+
 def card(doc):
     env = doc.get("environment", {})
     return f"{env.get('device', '?')} @ {env.get('commit', '?')}"
@@ -78,10 +82,9 @@ def targets(doc):
             row = rows.get(batch)
             if row is None or key not in row:
                 continue
-            sign = ">=" if sense == "min" else "<="
             text = f"{100 * row[key]:.1f}%" if key.endswith("frac_copy_bw") else f"{row[key]:.3f}x"
             shown = f"{100 * bound:.0f}%" if key.endswith("frac_copy_bw") else f"{bound}x"
-            out.append((issue, f"{kind}: {what} {sign} {shown}, batch {batch}", text, met(row[key], bound, sense)))
+            out.append((issue, f"{kind}: {what} {sign(sense)} {shown}, batch {batch}", text, met(row[key], bound, sense)))
         key, name = BASELINE.get(kind, (None, None))
         for batch in sorted(rows) if key else []:
             row = rows[batch]
@@ -97,8 +100,7 @@ def targets(doc):
             if row.get("T") != 4 or row.get("batch") != 256:
                 continue
             for key, what, bound, sense in VERIFY:
-                sign = ">=" if sense == "min" else "<="
-                out.append((issue, f"{doc.get('layer', 'mamba2')}: {what} {sign} {bound}x, T 4, batch 256, accept "
+                out.append((issue, f"{doc.get('layer', 'mamba2')}: {what} {sign(sense)} {bound}x, T 4, batch 256, accept "
                                    f"{row['rate']}, ring {row.get('ring_len', '?')}", f"{row[key]:.3f}x",
                             met(row[key], bound, sense)))
     elif kind == "ncu":
