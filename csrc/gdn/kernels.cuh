@@ -985,12 +985,38 @@ __device__ __forceinline__ void gdn_verify_append_kg(const GdnReplayParams& p, i
         p.dt_bias ? p.dt_bias[hw] : 0.f, p.A_log[hw]);
     c.ring_g[slot * c.ring_g_slot_stride + (base + t) * c.ring_g_pos_stride + hw] = g;
   }
-  for (int idx = warp; idx < T * p.nkheads; idx += kThreads / 32) {
+  // A warp per (token, key head) vector, kChunk vectors loaded before any is reduced (one round trip a chunk, where a
+  // vector at a time made 16 trips at T = 4 and 32 at T = 8 a warp); each sum of squares in warp_sum_squares' order.
+  constexpr int kPerLane = (kK + 31) / 32, kChunk = 4;
+  const int nvec = T * p.nkheads;
+  auto k_at = [&](int idx) {
     const int t = idx / p.nkheads, hk = idx % p.nkheads;
-    const act_t* k = static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + hk * p.k_head_stride;
-    const float ks = p.l2norm ? 1.f / sqrtf(warp_sum_squares<act_t, kK>(k) + kL2NormEps) : 1.f;
-    float* dst = c.ring_k + slot * c.ring_k_slot_stride + (base + t) * c.ring_k_pos_stride + hk * c.ring_k_head_stride;
-    for (int n = lane; n < kK; n += 32) dst[n] = to_float(k[n]) * ks;
+    return static_cast<const act_t*>(p.k) + b * p.k_batch_stride + t * p.k_token_stride + hk * p.k_head_stride;
+  };
+  for (int first = warp * kChunk; first < nvec; first += kThreads / 32 * kChunk) {
+    act_t r[kChunk][kPerLane]{};
+#pragma unroll
+    for (int v = 0; v < kChunk; ++v) {
+      const act_t* k = k_at(min(first + v, nvec - 1));  // (past the end: a repeat, loaded and not stored)
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i)
+        if (lane + 32 * i < kK) r[v][i] = k[lane + 32 * i];
+    }
+#pragma unroll
+    for (int v = 0; v < kChunk; ++v) {
+      const int idx = first + v;
+      if (idx >= nvec) break;  // (warp-uniform)
+      float acc = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i)
+        if (lane + 32 * i < kK) acc = fmaf(to_float(r[v][i]), to_float(r[v][i]), acc);
+      const float ks = p.l2norm ? 1.f / sqrtf(group_sum<32>(acc) + kL2NormEps) : 1.f;
+      const int t = idx / p.nkheads, hk = idx % p.nkheads;
+      float* dst = c.ring_k + slot * c.ring_k_slot_stride + (base + t) * c.ring_k_pos_stride + hk * c.ring_k_head_stride;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i)
+        if (lane + 32 * i < kK) dst[lane + 32 * i] = to_float(r[v][i]) * ks;
+    }
   }
 }
 // What the slot's last block to arrive on the arrival counter writes (every block of the slot has read the
@@ -1320,19 +1346,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   cp_async_wait<0>();
   __syncthreads();  // tiles and window written; every thread of the block has read the cursor and the committed ring
-  // Self-append: with one block per (slot, key head) (gridDim.x == 1) the block is the only reader of its key head's
-  // ring k and its value heads' ring g, and it has read them (into shared memory): it writes the window's k and g at
-  // positions base.. now, from the normalised kn and gt (the bits gdn_verify_append_kg forms), and the slot's last
-  // block writes only the counter, cursor and pending count. Else the last block appends every head's (a block of
-  // another row chunk of the key head may not have read the committed ring k yet).
-  const bool self_append = gridDim.x == 1;
+  // Self-append: the blocks write the window's k and g into the ring at positions base.. now, from their normalised kn
+  // and gt (the bits gdn_verify_append_kg forms), wherever no block of the slot can still read those positions:
+  //  - with one block per (slot, key head) (gridDim.x == 1) the block is the only reader of its key head's ring k and
+  //    its value heads' ring g, and it has read them (into shared memory): even an early fold's positions 0.. are free;
+  //  - a window that fits (no early fold) goes to positions w0.., past every committed entry a block reads.
+  // Each entry has one writer: k the key head's first block, g of a value head the block holding the head's row 0. The
+  // slot's last block then writes only the counter, cursor and pending count. Else (row chunks and an early fold: a
+  // block of another row chunk of the key head may not have read the committed ring k yet) the last block appends
+  // every head's. (Until session 53 only gridDim.x == 1 appended itself: at batch 32, and at T = 8, where a key head's
+  // rows take two blocks, every slot's last block loaded and normalised all the key heads' k one after another.)
+  const bool self_append = gridDim.x == 1 || !early;  // (the same for every block of the slot: w0 and T are the row's)
   if (self_append) {
-    float* ring_k_w = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;
-    for (int idx = threadIdx.x; idx < T * kK; idx += kThreads)
-      ring_k_w[int64_t(base + idx / kK) * c.ring_k_pos_stride + idx % kK] = kn[idx];
+    if (row_begin == 0) {
+      float* ring_k_w = c.ring_k + slot * c.ring_k_slot_stride + h * c.ring_k_head_stride;
+      for (int idx = threadIdx.x; idx < T * kK; idx += kThreads)
+        ring_k_w[int64_t(base + idx / kK) * c.ring_k_pos_stride + idx % kK] = kn[idx];
+    }
     float* ring_g_w = c.ring_g + slot * c.ring_g_slot_stride + hv0;
     for (int idx = threadIdx.x; idx < nheads_block * T; idx += kThreads)
-      ring_g_w[int64_t(base + idx % T) * c.ring_g_pos_stride + idx / T] = gt[idx / T * tp + idx % T];
+      if ((head_begin + idx / T) * V >= row_begin)  // the block holds the value head's row 0
+        ring_g_w[int64_t(base + idx % T) * c.ring_g_pos_stride + idx / T] = gt[idx / T * tp + idx % T];
   }
   // Count in (the answer is used at the end): now when the block does not fold, after the row loop when it does
   // (every committed-ring read is done by now either way; see the protocol above).
