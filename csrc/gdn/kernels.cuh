@@ -1065,11 +1065,12 @@ __device__ __forceinline__ void gdn_verify_append_window(const GdnReplayParams& 
 //   end with the prologue; a block that folds early counts in only after its row loop, a conservative leftover from
 //   when it read the ring's k there: the slot's last block overwrites positions 0..T-1 of it). The slot's last block
 //   to arrive writes the pending count and, after an early fold, the cursor (gdn_verify_append_window); the window's
-//   k and g are written by each block for its own key head right after the prologue when the key head has one block
-//   (its only reader; 256 rows: the default), else by the last block for every head. (The last block's append is 16
-//   serial round trips at 16 key heads, T = 4: session 33's timeline, bench/verify_timeline.py, had epilogues of 3.0
-//   us at the median and 33 us at most, ~25 us estimated for the last blocks.) Rows' u and the outputs go straight
-//   to global memory.
+//   k and g are written right after the prologue by the blocks themselves (k by a key head's first block, g by the
+//   block holding a value head's row 0) whenever the window fits; only a slot whose key heads span several blocks and
+//   that folds early leaves them to its last block, which loads four k vectors a warp before reducing them. (Session
+//   33's timeline had the last block's serial append, 16 round trips at 16 key heads, T = 4, as ~25 us of its
+//   epilogue; session 54 measured blocks appending for row chunks too 3-8% faster at batch 32 and 2-6% at T = 8.)
+//   Rows' u and the outputs go straight to global memory.
 //   flat: the checkpoint's rows are contiguous over value heads (head stride V rows), so a row's address is one
 //   multiply.
 struct GdnVerifyPassSmem {  // byte offsets, each section 16-byte aligned
