@@ -80,8 +80,9 @@ def replay_step_us(batch, L, shape, gen) -> float:
 
 # --tune: rows per block (the default: a key head's 256 at large batch), and the row loop's dots on the CUDA cores
 # (gdn_verify_mma=0; the default puts them on tensor cores), csrc/gdn/kernels.cuh.
-# gdn_verify_4bps=0: three blocks an SM (the default before session 31).
-TUNES = ["gdn_verify_rows=128", "gdn_verify_rows=64", "gdn_verify_mma=0", "gdn_verify_4bps=0"]
+# gdn_verify_4bps=0: three blocks an SM (the default before session 31). gdn_verify_rows=256 (a key head's rows: the
+# default from batch ~64 up) at batch 32: one wave of 512 blocks where the ~2-waves rule gives 1024 of 128 rows.
+TUNES = ["gdn_verify_rows=256", "gdn_verify_rows=128", "gdn_verify_rows=64", "gdn_verify_mma=0", "gdn_verify_4bps=0"]
 GDN = spec.Kind("gdn", (32, 16, 128, 128), (4, 2, 16, 8), lambda s: s[0] * s[2] * s[3] * 4, Layer, window, verify_step,
                 baseline_step, analytic_bytes, replay_step_us, TUNES, "gdn_speculative.json", ring_len=12)
 

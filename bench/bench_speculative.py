@@ -152,7 +152,7 @@ class Kind:
 
 
 MAMBA2 = Kind("mamba2", (128, 64, 128, 8), (4, 16, 32, 2), lambda s: s[0] * s[1] * s[2] * 4, Layer, window, verify_step,
-              baseline_step, analytic_bytes, replay_step_us, ["verify_rows=256", "verify_rows=1024", "stream_lean=0"], "mamba2_speculative.json",
+              baseline_step, analytic_bytes, replay_step_us, ["verify_rows=256", "verify_rows=512", "verify_rows=1024", "stream_lean=0"], "mamba2_speculative.json",
               ring_len=16)
 
 
